@@ -1,0 +1,81 @@
+// Command authplane is the Cotal authority plane: `authplane serve` (the default) runs it;
+// `init`, `creds`, `grant` and `nkeys` set up a space and its principals.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `authplane: the authority plane of a Cotal mesh
+
+usage:
+  authplane [serve] [flags]      run the plane (embedded NATS unless --nats-url)
+  authplane init [flags]         write space material and a nats-server.conf
+  authplane creds [flags]        write a .creds file for a principal
+  authplane grant [flags]        write a principal's ledger row (its scopes)
+  authplane nkeys [flags]        generate a manager's five duty nkeys and a prepare body
+
+Run 'authplane <command> -h' for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks an error already explained by a usage message.
+var errUsage = errors.New("usage")
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		err = serve(args, stdout, stderr)
+	case "init":
+		err = initSpace(args, stdout, stderr)
+	case "creds":
+		err = creds(args, stdout, stderr)
+	case "grant":
+		err = grant(args, stdout, stderr)
+	case "nkeys":
+		err = nkeysCmd(args, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "authplane: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintf(stderr, "authplane %s: %v\n", cmd, err)
+	return 1
+}
+
+// parse parses a subcommand's flags; a bad flag is a usage error.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+func serve(args []string, stdout, stderr io.Writer) error {
+	cfg := service.Defaults()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "process state directory (lock, identity, auth-service.json, embedded broker store)")
+	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space)")
+	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
+	fs.IntVar(&cfg.NATSPort, "nats-port", cfg.NATSPort, "embedded NATS client port on 127.0.0.1 (0 = a free port)")
+	fs.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "loopback HTTP port (0 = a free port)")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "copies of each endpoint serving in parallel")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second per principal (0 = unlimited)")
+	fs.IntVar(&cfg.Burst, "burst", cfg.Burst, "burst of the per-principal rate limit")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "deadline of every request, retries included")
+	fs.DurationVar(&cfg.PlaneUserTTL, "plane-user-ttl", cfg.PlaneUserTTL, "lifetime of the plane's own NATS users (renewed at 2/3)")
+	fs.DurationVar(&cfg.StandingTTL, "standing-ttl", cfg.StandingTTL, "lifetime of standing credentials (5s to 24h)")
+	fs.DurationVar(&cfg.MaxAssignmentTTL, "max-assignment-ttl", cfg.MaxAssignmentTTL, "longest platform supervisor assignment")
+	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
+	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	plane, err := service.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	printSummary(stdout, cfg, plane)
+
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; draining")
+		if err := plane.Close(); err != nil {
+			return err
+		}
+		log.Info("stopped")
+		return nil
+	case <-plane.Done():
+		err := plane.Close()
+		if errors.Is(err, service.ErrFenced) {
+			return fmt.Errorf("stopped: %w", err)
+		}
+		return err
+	}
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// exampleOwner is a well-formed owner for trying the plane by hand.
+const exampleOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+func printSummary(w io.Writer, cfg service.Config, p *service.Plane) {
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		dir = cfg.Dir
+	}
+	material := "reused"
+	if p.CreatedMaterial() {
+		material = "created"
+	}
+	broker := "embedded, store in " + filepath.Join(dir, "nats")
+	if cfg.NATSURL != "" {
+		broker = "existing cluster"
+	}
+	fmt.Fprintf(w, "authplane %s serving space %q\n", service.Version, cfg.Space)
+	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", p.InstanceID(), p.Epoch())
+	fmt.Fprintf(w, "  nats      %s (%s)\n", p.NATSURL(), broker)
+	fmt.Fprintf(w, "  http      %s/health\n", p.HTTPURL())
+	fmt.Fprintf(w, "  space     %s (%s)\n", p.Material().Dir, material)
+	fmt.Fprintf(w, "  state     %s (%s)\n", dir, service.ServiceInfoFile)
+	fmt.Fprintf(w, "try it:\n")
+	fmt.Fprintf(w, "  authplane creds --dir %s --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
+	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
+		p.NATSURL(), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+}

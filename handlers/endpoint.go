@@ -1,0 +1,158 @@
+package handlers
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/records"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Call is one request that passed the reply check and the rate limit. The caller comes from
+// the subject, never from the body.
+type Call struct {
+	Owner string
+	Actor string
+	Data  []byte
+	// Note describes the request for its records; a handler fills in what it learns (kind,
+	// operation, instance, request id) as it parses.
+	Note *records.Request
+}
+
+// Principal is the caller's `<owner>.<actor>`.
+func (c *Call) Principal() string { return subjects.Principal(c.Owner, c.Actor) }
+
+// Func serves one call: a reply to send as JSON, or an error (a *fault.Error; anything else is
+// answered `internal`).
+type Func func(ctx context.Context, c *Call) (any, error)
+
+// Unimplemented is the Func of an endpoint whose capability has not landed: it refuses every
+// call with `unimplemented`, never a fake success.
+func Unimplemented(endpoint string) Func {
+	return func(context.Context, *Call) (any, error) {
+		return nil, fault.New(fault.Unimplemented, "%s is not implemented by this plane yet", endpoint)
+	}
+}
+
+// Guard is what every endpoint shares: the space, the limits, the recorder and the fence.
+type Guard struct {
+	Space    string
+	Timeout  time.Duration
+	Limiter  *Limiter
+	Recorder *records.Recorder
+	Log      *slog.Logger
+	// Fenced reports that the plane has been fenced by a newer registration: it answers
+	// `unavailable` from then on, in flight too.
+	Fenced func() bool
+}
+
+// handler is one registered copy of an endpoint. micro runs each copy's requests one at a
+// time and takes its stats when Handle returns, so the plane registers several copies.
+type handler struct {
+	guard     *Guard
+	endpoint  string
+	fn        Func
+	dropped   atomic.Uint64
+	throttled atomic.Uint64
+}
+
+// Counters is what a copy reports in `nats micro stats` beside micro's own numbers.
+type Counters struct {
+	// Dropped counts requests answered with nothing because their reply subject was not the
+	// caller's inbox (or their subject named no principal).
+	Dropped uint64 `json:"dropped"`
+	// Throttled counts requests refused by the per-principal rate limit.
+	Throttled uint64 `json:"throttled"`
+}
+
+// Stats returns the counters of a registered endpoint copy, for micro's StatsHandler.
+func Stats(e *micro.Endpoint) any {
+	if h, ok := e.Handler.(*handler); ok {
+		return Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
+	}
+	return nil
+}
+
+// Handle serves one request.
+func (h *handler) Handle(req micro.Request) {
+	g := h.guard
+	endpoint, owner, actor, ok := subjects.ParseEndpointSubject(g.Space, req.Subject())
+	if !ok || endpoint != h.endpoint {
+		h.dropped.Add(1)
+		g.Log.Warn("dropped request: subject names no principal", "endpoint", h.endpoint, "subject", req.Subject())
+		return
+	}
+	if !subjects.ReplyAllowed(req.Reply(), owner, actor) {
+		h.dropped.Add(1)
+		g.Log.Warn("dropped request: reply subject is not the caller's inbox",
+			"endpoint", h.endpoint, "caller", subjects.Principal(owner, actor), "reply", req.Reply())
+		return
+	}
+	if !g.Limiter.Allow(subjects.Principal(owner, actor)) {
+		h.throttled.Add(1)
+		h.respond(req, nil, fault.New(fault.ResourceExhausted, "too many requests from %s; slow down", subjects.Principal(owner, actor)))
+		return
+	}
+	call := &Call{Owner: owner, Actor: actor, Data: req.Data(),
+		Note: &records.Request{Endpoint: h.endpoint, Caller: subjects.Principal(owner, actor)}}
+	if g.Fenced() {
+		h.respond(req, nil, errFenced)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
+	defer cancel()
+	reply, err := h.fn(ctx, call)
+	if g.Fenced() {
+		reply, err = nil, errFenced
+	}
+	if err != nil {
+		f := fault.As(err)
+		if f.Code == fault.Internal || f.Cause != nil {
+			g.Log.Error("request failed", "endpoint", h.endpoint, "caller", call.Principal(), "code", f.Code, "err", err)
+		}
+		if err != errFenced {
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			// A failed audit write is logged by the recorder; the refusal stands regardless.
+			if rerr := g.Recorder.Record(rctx, records.Decision{Decision: records.Refused, Request: *call.Note, Code: string(f.Code), Message: f.Message}); rerr != nil {
+				g.Log.Debug("refusal not recorded", "err", rerr)
+			}
+			rcancel()
+		}
+	}
+	h.respond(req, reply, err)
+}
+
+var errFenced = fault.New(fault.Unavailable, "this authority plane is momentarily unavailable (fenced by a newer instance); retry shortly")
+
+func (h *handler) respond(req micro.Request, reply any, err error) {
+	var rerr error
+	if err != nil {
+		rerr = respondError(req, fault.As(err))
+	} else {
+		var data []byte
+		if data, rerr = json.Marshal(reply); rerr == nil {
+			rerr = req.Respond(data)
+		}
+	}
+	if rerr != nil {
+		h.guard.Log.Warn("reply not sent", "endpoint", h.endpoint, "err", rerr)
+	}
+}
+
+// Register adds endpoint to group `workers` times on its subject, each copy a handler of its
+// own so requests run in parallel and every copy's stats stay truthful.
+func Register(g micro.Group, guard *Guard, endpoint string, fn Func, workers int) error {
+	for range max(workers, 1) {
+		h := &handler{guard: guard, endpoint: endpoint, fn: fn}
+		if err := g.AddEndpoint(endpoint, h, micro.WithEndpointSubject(subjects.EndpointPattern(endpoint))); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,222 @@
+// Package body decodes request bodies as closed JSON: exactly the keys the target struct
+// names, each of its type, nothing else. Every refusal is a fault.BadRequest naming the field.
+package body
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cotal-ai/authplane/internal/fault"
+)
+
+// MaxBytes is the largest body the plane reads.
+const MaxBytes = 64 << 10
+
+var rawType = reflect.TypeFor[json.RawMessage]()
+
+// Decode parses data into v, a pointer to a struct whose fields carry `json` tags. It refuses a
+// body over MaxBytes, anything that is not one JSON object, invalid UTF-8, an unknown or
+// duplicate key (matched case-sensitively, unlike encoding/json), a null, and a value of the
+// wrong type. Fields of type json.RawMessage are left for the caller to parse. Presence is the
+// caller's to check: use pointer fields where absent and zero differ.
+func Decode(data []byte, v any) error {
+	if len(data) > MaxBytes {
+		return fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), MaxBytes)
+	}
+	if !utf8.Valid(data) {
+		return fault.New(fault.BadRequest, "body is not valid UTF-8")
+	}
+	if !json.Valid(data) {
+		return fault.New(fault.BadRequest, "body is not JSON")
+	}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("body.Decode needs a pointer to a struct, got %T", v)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	first, err := dec.Token()
+	if err != nil {
+		return fault.New(fault.BadRequest, "body is not JSON")
+	}
+	if d, ok := first.(json.Delim); !ok || d != '{' {
+		return fault.New(fault.BadRequest, "body is not a JSON object")
+	}
+	if err := walkObject(dec, rv.Elem().Type(), ""); err != nil {
+		return err
+	}
+	return unmarshal(data, v)
+}
+
+// DecodeRaw is Decode for a value that arrived as a json.RawMessage inside a larger body;
+// field names in its refusals are prefixed with path.
+func DecodeRaw(path string, raw json.RawMessage, v any) error {
+	err := Decode(raw, v)
+	var f *fault.Error
+	if errors.As(err, &f) && path != "" {
+		if rest, ok := strings.CutPrefix(f.Message, "field "); ok {
+			return fault.New(f.Code, "field %s.%s", path, rest)
+		}
+		return fault.New(f.Code, "field %s: %s", path, strings.TrimPrefix(f.Message, "body is "))
+	}
+	return err
+}
+
+func unmarshal(data []byte, v any) error {
+	err := json.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fault.Field(te.Field, "want %s, got %s", kindName(te.Type), te.Value)
+	}
+	return fault.Wrap(fault.BadRequest, err, "body does not decode")
+}
+
+func kindName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	}
+	return t.String()
+}
+
+// walkObject checks the members of an object whose '{' was just read, against struct type t.
+func walkObject(dec *json.Decoder, t reflect.Type, path string) error {
+	fields := jsonFields(t)
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return fault.New(fault.BadRequest, "body is not JSON")
+		}
+		key := tok.(string)
+		name := join(path, key)
+		ft, known := fields[key]
+		if t.Kind() == reflect.Map {
+			ft, known = t.Elem(), true
+		}
+		if !known {
+			return fault.Field(name, "unknown field")
+		}
+		if seen[key] {
+			return fault.Field(name, "duplicate key")
+		}
+		seen[key] = true
+		if err := walkValue(dec, ft, name); err != nil {
+			return err
+		}
+	}
+	_, err := dec.Token() // '}'
+	return err
+}
+
+func walkValue(dec *json.Decoder, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return fault.New(fault.BadRequest, "body is not JSON")
+	}
+	if tok == nil {
+		return fault.Field(path, "null is not allowed; leave the field out")
+	}
+	delim, isDelim := tok.(json.Delim)
+	if t == rawType || t.Kind() == reflect.Interface {
+		if isDelim {
+			return skip(dec)
+		}
+		return nil
+	}
+	if !isDelim {
+		return nil // a scalar; its type is checked by unmarshal
+	}
+	switch {
+	case delim == '{' && (t.Kind() == reflect.Struct || t.Kind() == reflect.Map && t.Key().Kind() == reflect.String):
+		return walkObject(dec, t, path)
+	case delim == '[' && t.Kind() == reflect.Slice:
+		for i := 0; dec.More(); i++ {
+			if err := walkValue(dec, t.Elem(), path+"["+strconv.Itoa(i)+"]"); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token() // ']'
+		return err
+	}
+	if delim == '{' {
+		return fault.Field(path, "want %s, got an object", kindName(t))
+	}
+	return fault.Field(path, "want %s, got an array", kindName(t))
+}
+
+// skip consumes the rest of an object or array whose opening delimiter was just read.
+func skip(dec *json.Decoder) error {
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return fault.New(fault.BadRequest, "body is not JSON")
+		}
+		if err != nil {
+			return fault.New(fault.BadRequest, "body is not JSON")
+		}
+		if d, ok := tok.(json.Delim); ok {
+			if d == '{' || d == '[' {
+				depth++
+			} else {
+				depth--
+			}
+		}
+	}
+	return nil
+}
+
+// jsonFields maps each JSON key of struct type t to its field's type.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	if t.Kind() != reflect.Struct {
+		return out
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}

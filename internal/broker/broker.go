@@ -1,0 +1,121 @@
+// Package broker runs the embedded nats-server: operator mode with a full account resolver
+// under the process state directory, JetStream, and the space's four accounts.
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/cotal-ai/authplane/internal/space"
+)
+
+// Options configure the embedded broker.
+type Options struct {
+	// Dir holds the resolver and the JetStream store.
+	Dir string
+	// Port is the client port on 127.0.0.1; 0 picks a free one.
+	Port int
+	// Name is the server name.
+	Name string
+	// Logger receives the server's warnings and errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// Broker is a running embedded nats-server.
+type Broker struct {
+	srv      *server.Server
+	resolver *server.DirAccResolver
+}
+
+// ErrPortInUse means the requested client port is taken.
+var ErrPortInUse = errors.New("port in use")
+
+// Start starts the broker with the material's operator and accounts, and waits until it
+// accepts connections.
+func Start(m *space.Material, o Options) (*Broker, error) {
+	if o.Port != 0 {
+		// nats-server reports a failed listen only through its logger; check first so the
+		// error names the port.
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(o.Port)))
+		if err != nil {
+			return nil, fmt.Errorf("127.0.0.1:%d: %w: %w", o.Port, ErrPortInUse, err)
+		}
+		if err := l.Close(); err != nil {
+			return nil, err
+		}
+	}
+	op, err := m.OperatorClaims()
+	if err != nil {
+		return nil, fmt.Errorf("operator JWT: %w", err)
+	}
+	resolver, err := server.NewDirAccResolver(filepath.Join(o.Dir, "resolver"), 0, time.Minute, server.NoDelete)
+	if err != nil {
+		return nil, fmt.Errorf("account resolver: %w", err)
+	}
+	// The resolver must hold the system account (and ours) before the server is created.
+	for _, a := range m.Accounts() {
+		if err := resolver.Store(a.Public(), a.JWT); err != nil {
+			return nil, fmt.Errorf("store %s account JWT: %w", a.Name, err)
+		}
+	}
+	port := o.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName:       o.Name,
+		Host:             "127.0.0.1",
+		Port:             port,
+		NoLog:            o.Logger == nil,
+		NoSigs:           true,
+		JetStream:        true,
+		StoreDir:         filepath.Join(o.Dir, "jetstream"),
+		TrustedOperators: []*jwt.OperatorClaims{op},
+		SystemAccount:    m.System.Public(),
+		AccountResolver:  resolver,
+		MaxPayload:       1 << 20,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	if o.Logger != nil {
+		srv.SetLoggerV2(logAdapter{o.Logger}, false, false, false)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded nats-server on 127.0.0.1:%d did not become ready", o.Port)
+	}
+	return &Broker{srv: srv, resolver: resolver}, nil
+}
+
+// ClientURL is the URL clients connect to.
+func (b *Broker) ClientURL() string { return b.srv.ClientURL() }
+
+// Server returns the running server.
+func (b *Broker) Server() *server.Server { return b.srv }
+
+// Shutdown stops the broker and waits for it.
+func (b *Broker) Shutdown() {
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+}
+
+// logAdapter sends the server's log lines to slog: notices at debug, the rest at their level.
+type logAdapter struct{ l *slog.Logger }
+
+func (a logAdapter) Noticef(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }

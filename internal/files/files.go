@@ -1,0 +1,52 @@
+// Package files writes the plane's files safely: atomically, private by default, never half
+// written.
+package files
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Private is the mode of every file that holds a secret or process state.
+const Private os.FileMode = 0o600
+
+// PrivateDir is the mode of every directory the plane creates.
+const PrivateDir os.FileMode = 0o700
+
+// WriteAtomic writes data to path with mode perm through a temporary file in the same
+// directory, synced and renamed into place, so a reader sees the old file or the new one.
+func WriteAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("write %s: %w", path, errors.Join(err, os.Remove(tmp)))
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	if _, err := f.Write(data); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	if err := f.Sync(); err != nil {
+		return errors.Join(err, f.Close())
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// EnsureDir creates dir (and its parents) with mode PrivateDir if it does not exist.
+func EnsureDir(dir string) error {
+	if err := os.MkdirAll(dir, PrivateDir); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	return nil
+}

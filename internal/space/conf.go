@@ -1,0 +1,27 @@
+package space
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// ServerConf renders a nats-server configuration for servers the plane does not run: operator
+// mode, a full account resolver preloaded with the four accounts, and JetStream. storeDir is
+// where the server keeps its resolver and JetStream data; listen is its client address.
+func (m *Material) ServerConf(storeDir, listen string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# nats-server configuration for Cotal space %q, written by `authplane init`.\n", m.Space)
+	b.WriteString("# Operator mode with a full account resolver; JetStream for the plane account only.\n\n")
+	fmt.Fprintf(&b, "listen: %q\n\n", listen)
+	fmt.Fprintf(&b, "operator: %q\n", m.OperatorJWT)
+	fmt.Fprintf(&b, "system_account: %q\n\n", m.System.Public())
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n}\n\n", filepath.Join(storeDir, "jetstream"))
+	fmt.Fprintf(&b, "resolver {\n  type: full\n  dir: %q\n  allow_delete: false\n  interval: \"2m\"\n}\n\n", filepath.Join(storeDir, "resolver"))
+	b.WriteString("resolver_preload {\n")
+	for _, a := range m.Accounts() {
+		fmt.Fprintf(&b, "  # %s\n  %s: %q\n", a.Name, a.Public(), a.JWT)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}

@@ -1,0 +1,441 @@
+package space
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// File names inside the space directory.
+const (
+	descriptorFile      = "space.json"
+	ownerSecretFile     = "owner-secret.json"
+	bearerKeyFile       = "bearer-issuer.jwk"
+	operatorSeedFile    = "operator.nk"
+	operatorSignerFile  = "operator-signing.nk"
+	systemSeedFile      = "system.nk"
+	dataSeedFile        = "data.nk"
+	dataSignerFile      = "data-signing.nk"
+	planeSeedFile       = "plane.nk"
+	planeSignerFile     = "plane-signing.nk"
+	calloutSeedFile     = "callout.nk"
+	calloutXKeyFile     = "callout-xkey.nk"
+	calloutUserSeedFile = "callout-user.nk"
+)
+
+// Account is one account of the space: its identity key, the key its users are signed with
+// (a signing key for the data and plane accounts, the identity key otherwise) and its JWT.
+type Account struct {
+	Name   string
+	Key    nkeys.KeyPair
+	Signer nkeys.KeyPair
+	JWT    string
+}
+
+// Public returns the account's public nkey.
+func (a Account) Public() string {
+	pub, err := a.Key.PublicKey()
+	if err != nil {
+		panic("space: account key without public key: " + err.Error()) // checked at load
+	}
+	return pub
+}
+
+// Material is the whole space material in memory.
+type Material struct {
+	Space string
+	Dir   string
+
+	Operator    nkeys.KeyPair
+	OperatorJWT string
+	// OperatorSigner signs account JWTs; nil when the operator keeps it elsewhere, in which
+	// case the plane cannot revoke at the broker and says so.
+	OperatorSigner nkeys.KeyPair
+
+	System  Account
+	Data    Account
+	Plane   Account
+	Callout Account
+
+	// CalloutXKey seals the callout's requests and responses; CalloutUser is the callout's
+	// fixed user, listed in the callout account's auth_users.
+	CalloutXKey nkeys.KeyPair
+	CalloutUser nkeys.KeyPair
+
+	// OwnerSecret derives `u_` owners from IdP subjects.
+	OwnerSecret []byte
+	// BearerKey is the first bearer issuer key (a private JWK).
+	BearerKey jose.JSONWebKey
+}
+
+type descriptor struct {
+	Ver      int               `json:"ver"`
+	Space    string            `json:"space"`
+	Operator string            `json:"operator"`
+	Accounts map[string]string `json:"accounts"`
+}
+
+type ownerSecret struct {
+	Ver       int    `json:"ver"`
+	SecretB64 string `json:"secretB64"`
+}
+
+// ErrNotFound means the directory holds no space material yet.
+var ErrNotFound = errors.New("no space material")
+
+// LoadOrCreate loads the material in dir, or creates it for space when dir does not exist. It
+// reports whether it created the material.
+func LoadOrCreate(dir, space string) (*Material, bool, error) {
+	m, err := Load(dir)
+	if err == nil {
+		if m.Space != space {
+			return nil, false, fmt.Errorf("space material in %s is for space %q, not %q", dir, m.Space, space)
+		}
+		return m, false, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return nil, false, err
+	}
+	m, err = Create(dir, space)
+	if errors.Is(err, os.ErrExist) { // another process created it first
+		m, err = Load(dir)
+		return m, false, err
+	}
+	return m, err == nil, err
+}
+
+// Create generates fresh material for space and writes it to dir, which must not exist: the
+// files go to a private temporary directory that is renamed into place, so dir either holds
+// all of the material or none of it.
+func Create(dir, space string) (*Material, error) {
+	if !subjects.ValidSpace(space) {
+		return nil, fmt.Errorf("space %q: want [a-z0-9][a-z0-9_-]{0,31}", space)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		return nil, fmt.Errorf("create space material: %s: %w", dir, os.ErrExist)
+	}
+	m, err := generate(space)
+	if err != nil {
+		return nil, err
+	}
+	parent := filepath.Dir(dir)
+	if err := files.EnsureDir(parent); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("create space material: %w", err)
+	}
+	if err := m.write(tmp); err != nil {
+		return nil, errors.Join(err, os.RemoveAll(tmp))
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		err = fmt.Errorf("create space material: %w", err)
+		if _, statErr := os.Stat(dir); statErr == nil {
+			err = fmt.Errorf("create space material: %s: %w", dir, os.ErrExist)
+		}
+		return nil, errors.Join(err, os.RemoveAll(tmp))
+	}
+	m.Dir = dir
+	return m, nil
+}
+
+func generate(space string) (*Material, error) {
+	m := &Material{Space: space}
+	var err error
+	pair := func(create func() (nkeys.KeyPair, error)) nkeys.KeyPair {
+		if err != nil {
+			return nil
+		}
+		var kp nkeys.KeyPair
+		kp, err = create()
+		return kp
+	}
+	m.Operator = pair(nkeys.CreateOperator)
+	m.OperatorSigner = pair(nkeys.CreateOperator)
+	m.System = Account{Name: "SYS", Key: pair(nkeys.CreateAccount)}
+	m.Data = Account{Name: subjects.DataAccountName(space), Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
+	m.Plane = Account{Name: "cotal_plane_" + space, Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
+	m.Callout = Account{Name: "cotal_callout_" + space, Key: pair(nkeys.CreateAccount)}
+	m.CalloutXKey = pair(nkeys.CreateCurveKeys)
+	m.CalloutUser = pair(nkeys.CreateUser)
+	if err != nil {
+		return nil, fmt.Errorf("generate keys: %w", err)
+	}
+	m.System.Signer = m.System.Key
+	m.Callout.Signer = m.Callout.Key
+
+	m.OwnerSecret = make([]byte, 32)
+	if _, err := rand.Read(m.OwnerSecret); err != nil {
+		return nil, fmt.Errorf("generate owner secret: %w", err)
+	}
+	if m.BearerKey, err = NewBearerKey(); err != nil {
+		return nil, err
+	}
+	if err := m.signJWTs(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// NewBearerKey returns a fresh Ed25519 bearer issuer key as a private JWK whose kid is its
+// RFC 7638 thumbprint.
+func NewBearerKey() (jose.JSONWebKey, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return jose.JSONWebKey{}, fmt.Errorf("generate bearer key: %w", err)
+	}
+	k := jose.JSONWebKey{Key: priv, Algorithm: string(jose.EdDSA), Use: "sig"}
+	tp, err := k.Thumbprint(crypto.SHA256)
+	if err != nil {
+		return jose.JSONWebKey{}, fmt.Errorf("bearer key thumbprint: %w", err)
+	}
+	k.KeyID = base64.RawURLEncoding.EncodeToString(tp)
+	return k, nil
+}
+
+// signJWTs issues the operator and account JWTs (DESIGN §3).
+func (m *Material) signJWTs() error {
+	opPub, _ := m.Operator.PublicKey()
+	opSigner, _ := m.OperatorSigner.PublicKey()
+	sysPub := m.System.Public()
+	dataPub := m.Data.Public()
+
+	op := jwt.NewOperatorClaims(opPub)
+	op.Name = "cotal_" + m.Space
+	op.SigningKeys.Add(opSigner)
+	op.SystemAccount = sysPub
+	op.StrictSigningKeyUsage = true
+	var err error
+	if m.OperatorJWT, err = op.Encode(m.Operator); err != nil {
+		return fmt.Errorf("sign operator JWT: %w", err)
+	}
+
+	sys := jwt.NewAccountClaims(sysPub)
+	sys.Name = m.System.Name
+	sys.Exports = jwt.Exports{
+		&jwt.Export{Name: "account-monitoring-services", Subject: "$SYS.REQ.ACCOUNT.*.*", Type: jwt.Service, ResponseType: jwt.ResponseTypeStream, AccountTokenPosition: 4},
+		&jwt.Export{Name: "account-monitoring-streams", Subject: "$SYS.ACCOUNT.*.>", Type: jwt.Stream, AccountTokenPosition: 3},
+	}
+
+	data := jwt.NewAccountClaims(dataPub)
+	data.Name = m.Data.Name
+	data.SigningKeys.Add(mustPublic(m.Data.Signer))
+	// No JetStream: minted users live here, and an ack goes wherever its publisher says.
+	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
+	for _, subj := range subjects.RunStartExports(m.Space) {
+		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
+	}
+
+	plane := jwt.NewAccountClaims(m.Plane.Public())
+	plane.Name = m.Plane.Name
+	plane.SigningKeys.Add(mustPublic(m.Plane.Signer))
+	plane.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	for _, subj := range subjects.RunStartExports(m.Space) {
+		plane.Imports.Add(&jwt.Import{Name: "run-start", Subject: jwt.Subject(subj), Account: dataPub, Type: jwt.Stream})
+	}
+
+	callout := jwt.NewAccountClaims(m.Callout.Public())
+	callout.Name = m.Callout.Name
+	callout.Authorization = jwt.ExternalAuthorization{
+		AuthUsers:       jwt.StringList{mustPublic(m.CalloutUser)},
+		AllowedAccounts: jwt.StringList{dataPub},
+		XKey:            mustPublic(m.CalloutXKey),
+	}
+
+	for _, a := range []struct {
+		acct   *Account
+		claims *jwt.AccountClaims
+	}{{&m.System, sys}, {&m.Data, data}, {&m.Plane, plane}, {&m.Callout, callout}} {
+		if a.acct.JWT, err = a.claims.Encode(m.OperatorSigner); err != nil {
+			return fmt.Errorf("sign %s account JWT: %w", a.acct.Name, err)
+		}
+	}
+	return nil
+}
+
+func (m *Material) write(dir string) error {
+	desc := descriptor{
+		Ver: 1, Space: m.Space, Operator: m.OperatorJWT,
+		Accounts: map[string]string{"system": m.System.JWT, "data": m.Data.JWT, "plane": m.Plane.JWT, "callout": m.Callout.JWT},
+	}
+	descJSON, err := json.MarshalIndent(desc, "", "  ")
+	if err != nil {
+		return err
+	}
+	secretJSON, err := json.Marshal(ownerSecret{Ver: 1, SecretB64: base64.StdEncoding.EncodeToString(m.OwnerSecret)})
+	if err != nil {
+		return err
+	}
+	bearerJSON, err := m.BearerKey.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("encode bearer key: %w", err)
+	}
+	out := map[string][]byte{
+		descriptorFile:  append(descJSON, '\n'),
+		ownerSecretFile: append(secretJSON, '\n'),
+		bearerKeyFile:   append(bearerJSON, '\n'),
+	}
+	for name, kp := range m.seeds() {
+		seed, err := kp.Seed()
+		if err != nil {
+			return fmt.Errorf("seed for %s: %w", name, err)
+		}
+		out[name] = append(seed, '\n')
+	}
+	for name, data := range out {
+		if err := files.WriteAtomic(filepath.Join(dir, name), data, files.Private); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Material) seeds() map[string]nkeys.KeyPair {
+	s := map[string]nkeys.KeyPair{
+		operatorSeedFile:    m.Operator,
+		systemSeedFile:      m.System.Key,
+		dataSeedFile:        m.Data.Key,
+		dataSignerFile:      m.Data.Signer,
+		planeSeedFile:       m.Plane.Key,
+		planeSignerFile:     m.Plane.Signer,
+		calloutSeedFile:     m.Callout.Key,
+		calloutXKeyFile:     m.CalloutXKey,
+		calloutUserSeedFile: m.CalloutUser,
+	}
+	if m.OperatorSigner != nil {
+		s[operatorSignerFile] = m.OperatorSigner
+	}
+	return s
+}
+
+// Load reads the material in dir and checks that every key matches the JWTs that name it.
+// Every missing or broken file is reported at once. The operator signing key may be absent.
+func Load(dir string) (*Material, error) {
+	descJSON, err := os.ReadFile(filepath.Join(dir, descriptorFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read space material: %w", err)
+	}
+	var desc descriptor
+	if err := json.Unmarshal(descJSON, &desc); err != nil || desc.Ver != 1 || !subjects.ValidSpace(desc.Space) {
+		return nil, fmt.Errorf("read space material: %s is not a version 1 space descriptor", filepath.Join(dir, descriptorFile))
+	}
+	m := &Material{Space: desc.Space, Dir: dir, OperatorJWT: desc.Operator}
+	var problems []error
+	seed := func(name string, optional bool) nkeys.KeyPair {
+		raw, err := os.ReadFile(filepath.Join(dir, name))
+		if optional && errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			problems = append(problems, err)
+			return nil
+		}
+		kp, err := nkeys.FromSeed(bytes.TrimSpace(raw))
+		if err != nil {
+			problems = append(problems, fmt.Errorf("%s: %w", name, err))
+			return nil
+		}
+		return kp
+	}
+	m.Operator = seed(operatorSeedFile, true)
+	m.OperatorSigner = seed(operatorSignerFile, true)
+	m.System = Account{Name: "SYS", Key: seed(systemSeedFile, false), JWT: desc.Accounts["system"]}
+	m.Data = Account{Name: subjects.DataAccountName(m.Space), Key: seed(dataSeedFile, false), Signer: seed(dataSignerFile, false), JWT: desc.Accounts["data"]}
+	m.Plane = Account{Name: "cotal_plane_" + m.Space, Key: seed(planeSeedFile, false), Signer: seed(planeSignerFile, false), JWT: desc.Accounts["plane"]}
+	m.Callout = Account{Name: "cotal_callout_" + m.Space, Key: seed(calloutSeedFile, false), JWT: desc.Accounts["callout"]}
+	m.CalloutXKey = seed(calloutXKeyFile, false)
+	m.CalloutUser = seed(calloutUserSeedFile, false)
+	m.System.Signer, m.Callout.Signer = m.System.Key, m.Callout.Key
+
+	if raw, err := os.ReadFile(filepath.Join(dir, ownerSecretFile)); err != nil {
+		problems = append(problems, err)
+	} else {
+		var s ownerSecret
+		if err := json.Unmarshal(raw, &s); err != nil || s.Ver != 1 {
+			problems = append(problems, fmt.Errorf("%s: not a version 1 owner secret", ownerSecretFile))
+		} else if m.OwnerSecret, err = base64.StdEncoding.DecodeString(s.SecretB64); err != nil || len(m.OwnerSecret) < 32 {
+			problems = append(problems, fmt.Errorf("%s: secretB64 must be standard base64 of at least 32 bytes", ownerSecretFile))
+		}
+	}
+	if raw, err := os.ReadFile(filepath.Join(dir, bearerKeyFile)); err != nil {
+		problems = append(problems, err)
+	} else if err := m.BearerKey.UnmarshalJSON(raw); err != nil || m.BearerKey.IsPublic() {
+		problems = append(problems, fmt.Errorf("%s: not a private JWK", bearerKeyFile))
+	}
+	if len(problems) == 0 {
+		problems = append(problems, m.check()...)
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("space material in %s: %w", dir, errors.Join(problems...))
+	}
+	return m, nil
+}
+
+// check verifies that the JWTs are the ones the keys describe.
+func (m *Material) check() []error {
+	var problems []error
+	op, err := jwt.DecodeOperatorClaims(m.OperatorJWT)
+	if err != nil {
+		return []error{fmt.Errorf("operator JWT: %w", err)}
+	}
+	if m.Operator != nil && mustPublic(m.Operator) != op.Subject {
+		problems = append(problems, fmt.Errorf("%s does not match the operator JWT", operatorSeedFile))
+	}
+	if m.OperatorSigner != nil && !op.SigningKeys.Contains(mustPublic(m.OperatorSigner)) {
+		problems = append(problems, fmt.Errorf("%s is not a signing key of the operator", operatorSignerFile))
+	}
+	if op.SystemAccount != m.System.Public() {
+		problems = append(problems, fmt.Errorf("the operator's system account is not %s", systemSeedFile))
+	}
+	for _, a := range []Account{m.System, m.Data, m.Plane, m.Callout} {
+		ac, err := jwt.DecodeAccountClaims(a.JWT)
+		if err != nil {
+			problems = append(problems, fmt.Errorf("%s account JWT: %w", a.Name, err))
+			continue
+		}
+		if ac.Subject != a.Public() {
+			problems = append(problems, fmt.Errorf("%s account JWT names another account", a.Name))
+		}
+		if !op.DidSign(ac) {
+			problems = append(problems, fmt.Errorf("%s account JWT is not signed by the operator", a.Name))
+		}
+		if a.Signer != a.Key && !ac.SigningKeys.Contains(mustPublic(a.Signer)) {
+			problems = append(problems, fmt.Errorf("%s signing key is not listed in its account JWT", a.Name))
+		}
+	}
+	return problems
+}
+
+// OperatorClaims decodes the operator JWT.
+func (m *Material) OperatorClaims() (*jwt.OperatorClaims, error) {
+	return jwt.DecodeOperatorClaims(m.OperatorJWT)
+}
+
+// Accounts lists the four accounts in a fixed order: system, data, plane, callout.
+func (m *Material) Accounts() []Account { return []Account{m.System, m.Data, m.Plane, m.Callout} }
+
+func mustPublic(kp nkeys.KeyPair) string {
+	pub, err := kp.PublicKey()
+	if err != nil {
+		panic("space: key without public key: " + err.Error())
+	}
+	return pub
+}

@@ -1,0 +1,155 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrMisconfigured means a stream exists with a configuration its rule forbids; the plane
+// refuses to serve on it.
+var ErrMisconfigured = errors.New("stream misconfigured")
+
+// Ensure creates every stream of specs that does not exist and checks every one that does.
+// A stream whose configuration breaks its rule is reported, all of them at once, wrapping
+// ErrMisconfigured; the size and age limits of record streams follow the flags and are
+// updated in place. On a fresh cluster it retries until a meta leader answers or ctx ends.
+func Ensure(ctx context.Context, js jetstream.JetStream, specs []Spec, log *slog.Logger) error {
+	var problems []error
+	for _, spec := range specs {
+		err := retry(ctx, func(ctx context.Context) error { return ensureOne(ctx, js, spec, log) })
+		if err != nil {
+			problems = append(problems, err)
+		}
+	}
+	return errors.Join(problems...)
+}
+
+func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog.Logger) error {
+	name := spec.Config.Name
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := js.CreateStream(ctx, spec.Config); err != nil {
+			return fmt.Errorf("create stream %s: %w", name, err)
+		}
+		log.Debug("created stream", "stream", name)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read stream %s: %w", name, err)
+	}
+	got := s.CachedInfo().Config
+	if diffs := Diff(spec, got); len(diffs) > 0 {
+		return &permanentError{fmt.Errorf("%w: %s (%s): %s", ErrMisconfigured, name, spec.Rule, joinDiffs(diffs))}
+	}
+	if spec.Tunable && (got.MaxAge != spec.Config.MaxAge || got.MaxBytes != spec.Config.MaxBytes) {
+		got.MaxAge, got.MaxBytes = spec.Config.MaxAge, spec.Config.MaxBytes
+		if _, err := js.UpdateStream(ctx, got); err != nil {
+			return fmt.Errorf("update limits of stream %s: %w", name, err)
+		}
+		log.Info("updated stream limits", "stream", name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes)
+	}
+	return nil
+}
+
+// Diff lists how got breaks spec's rule, one phrase per field.
+func Diff(spec Spec, got jetstream.StreamConfig) []string {
+	want := spec.Config
+	var d []string
+	check := func(field string, bad bool, gotV, wantV any) {
+		if bad {
+			d = append(d, fmt.Sprintf("%s is %v, want %v", field, gotV, wantV))
+		}
+	}
+	gs, ws := slices.Clone(got.Subjects), slices.Clone(want.Subjects)
+	slices.Sort(gs)
+	slices.Sort(ws)
+	check("subjects", !slices.Equal(gs, ws), got.Subjects, want.Subjects)
+	check("retention", got.Retention != want.Retention, got.Retention, want.Retention)
+	check("storage", got.Storage != want.Storage, got.Storage, want.Storage)
+	check("replicas", got.Replicas != want.Replicas, got.Replicas, want.Replicas)
+	check("max_msgs_per_subject", got.MaxMsgsPerSubject != want.MaxMsgsPerSubject, got.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
+	check("discard", got.Discard != want.Discard, got.Discard, want.Discard)
+	check("discard_new_per_subject", got.DiscardNewPerSubject != want.DiscardNewPerSubject, got.DiscardNewPerSubject, want.DiscardNewPerSubject)
+	check("allow_direct", got.AllowDirect, true, false)
+	check("mirror_direct", got.MirrorDirect, true, false)
+	check("allow_rollup_hdrs", got.AllowRollup, true, false)
+	check("deny_delete", !got.DenyDelete, false, true)
+	check("deny_purge", !got.DenyPurge, false, true)
+	check("no_ack", got.NoAck != want.NoAck, got.NoAck, want.NoAck)
+	check("max_msgs", got.MaxMsgs != want.MaxMsgs, got.MaxMsgs, want.MaxMsgs)
+	check("sealed", got.Sealed, true, false)
+	check("mirror", got.Mirror != nil, "set", "none")
+	check("sources", len(got.Sources) > 0, "set", "none")
+	check("subject_transform", got.SubjectTransform != nil, "set", "none")
+	check("republish", got.RePublish != nil, "set", "none")
+	check("allow_msg_ttl", got.AllowMsgTTL, true, false)
+	check("subject_delete_marker_ttl", got.SubjectDeleteMarkerTTL != 0, got.SubjectDeleteMarkerTTL, 0)
+	check("allow_msg_counter", got.AllowMsgCounter, true, false)
+	check("allow_atomic", got.AllowAtomicPublish, true, false)
+	check("allow_batched", got.AllowBatchPublish, true, false)
+	check("allow_msg_schedules", got.AllowMsgSchedules, true, false)
+	check("persist_mode", got.PersistMode != want.PersistMode, got.PersistMode, want.PersistMode)
+	if !spec.Tunable {
+		check("max_age", got.MaxAge != want.MaxAge, got.MaxAge, want.MaxAge)
+		check("max_bytes", got.MaxBytes != want.MaxBytes, got.MaxBytes, want.MaxBytes)
+	}
+	return d
+}
+
+func joinDiffs(d []string) string {
+	out := d[0]
+	for _, s := range d[1:] {
+		out += "; " + s
+	}
+	return out
+}
+
+// permanentError stops retry: retrying cannot fix it.
+type permanentError struct{ error }
+
+func (p *permanentError) Unwrap() error { return p.error }
+
+// retry runs fn with a short per-attempt timeout until it succeeds, fails permanently, or ctx
+// ends. A fresh cluster needs seconds to elect a meta leader; one long call can hang.
+func retry(ctx context.Context, fn func(context.Context) error) error {
+	var err error
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = fn(actx)
+		cancel()
+		var perm *permanentError
+		if err == nil || errors.As(err, &perm) || !Transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-time.After(backoff(attempt)):
+		}
+	}
+}
+
+// Transient reports whether err may succeed when retried: timeouts, no responders, a
+// JetStream that is not ready yet, a leader change.
+func Transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		if apiErr.ErrorCode == codeStoreFailed { // full, or a write-once key: retrying won't help
+			return false
+		}
+		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10163
+	}
+	return false
+}

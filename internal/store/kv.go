@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors of the KV verbs. Test them with errors.Is.
+var (
+	// ErrNotFound: the key has never been written.
+	ErrNotFound = errors.New("key not found")
+	// ErrDeleted: the key's latest entry is a DEL or PURGE marker, which no writer of the
+	// plane ever leaves: a fence that reads one refuses with failed-precondition.
+	ErrDeleted = errors.New("key holds a delete marker")
+	// ErrCASLost: the key moved since the revision the write was pinned to (or exists, for a
+	// create). Re-read and re-check the fence before any retry.
+	ErrCASLost = errors.New("revision mismatch")
+	// ErrUnknownOutcome: the write may or may not have landed (timeout, leader change).
+	// Settle it by re-reading.
+	ErrUnknownOutcome = errors.New("outcome unknown")
+	// ErrFull: the stream is at its size limit and discards new messages.
+	ErrFull = errors.New("stream full")
+)
+
+const codeStoreFailed = 10077
+
+// KV is one bucket. Reads are leader reads: every bucket of the plane has allow_direct off.
+type KV struct {
+	kv     jetstream.KeyValue
+	bucket string
+}
+
+// Entry is a key's latest value and its revision.
+type Entry struct {
+	Value    []byte
+	Revision uint64
+}
+
+// Bucket returns the bucket name.
+func (k *KV) Bucket() string { return k.bucket }
+
+// Get reads key. It returns ErrNotFound for a key never written and ErrDeleted (with the
+// marker's revision) for a delete marker.
+func (k *KV) Get(ctx context.Context, key string) (Entry, error) {
+	e, err := k.kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyDeleted):
+		return Entry{Revision: e.Revision()}, fmt.Errorf("%s/%s: %w", k.bucket, key, ErrDeleted)
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return Entry{}, fmt.Errorf("%s/%s: %w", k.bucket, key, ErrNotFound)
+	case err != nil:
+		return Entry{}, k.classify("read", key, err)
+	}
+	return Entry{Value: e.Value(), Revision: e.Revision()}, nil
+}
+
+// Create writes key only if it has never been written. Unlike the client's Create it does not
+// write over a delete marker: that returns ErrDeleted.
+func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	rev, err := k.kv.Update(ctx, key, value, 0)
+	if err == nil {
+		return rev, nil
+	}
+	err = k.classify("create", key, err)
+	if errors.Is(err, ErrCASLost) {
+		if _, gerr := k.Get(ctx, key); errors.Is(gerr, ErrDeleted) {
+			return 0, gerr
+		}
+	}
+	return 0, err
+}
+
+// Update writes key only if its latest revision is rev.
+func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	n, err := k.kv.Update(ctx, key, value, rev)
+	if err != nil {
+		return 0, k.classify("update", key, err)
+	}
+	return n, nil
+}
+
+// Watch streams updates of key, starting with its current value.
+func (k *KV) Watch(ctx context.Context, key string) (jetstream.KeyWatcher, error) {
+	return k.kv.Watch(ctx, key)
+}
+
+func (k *KV) classify(op, key string, err error) error {
+	return fmt.Errorf("%s %s/%s: %w", op, k.bucket, key, Classify(err))
+}
+
+// Classify maps a JetStream write error to ErrCASLost, ErrFull, ErrUnknownOutcome, or itself.
+func Classify(err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+		return fmt.Errorf("%w: %w", ErrCASLost, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStoreFailed && strings.Contains(apiErr.Description, "maximum bytes"):
+		return fmt.Errorf("%w: %w", ErrFull, err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStoreFailed && strings.Contains(apiErr.Description, "per subject"):
+		return fmt.Errorf("%w: %w", ErrCASLost, err) // a write-once key already holds its value
+	case Transient(err):
+		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+	}
+	return err
+}
+
+// backoff is the jittered pause before retry number attempt: 2ms doubling to 200ms, each
+// drawn uniformly from [d/2, d).
+func backoff(attempt int) time.Duration {
+	d := 2 * time.Millisecond << min(attempt, 7)
+	d = min(d, 200*time.Millisecond)
+	return d/2 + rand.N(d/2)
+}
+
+// Pause waits the jittered backoff for attempt, or returns ctx's error if it ends first.
+func Pause(ctx context.Context, attempt int) error {
+	t := time.NewTimer(backoff(attempt))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

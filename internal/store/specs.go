@@ -1,0 +1,150 @@
+package store
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Options size the stores.
+type Options struct {
+	// Replicas of every stream (1, or 3 on a cluster).
+	Replicas int
+	// WitnessBytes bounds the witness stream; the oldest witnesses are dropped.
+	WitnessBytes int64
+	// MintedBytes bounds the minted stream; when it is full, mints fail closed.
+	MintedBytes int64
+	// MintedMaxAge keeps a minted record at least this long after its last mint: twice the
+	// longest credential lifetime.
+	MintedMaxAge time.Duration
+}
+
+// Defaults for Options.
+const (
+	DefaultWitnessBytes = 64 << 20
+	DefaultMintedBytes  = 1 << 30
+	AuditBytes          = 256 << 20
+	AuditMaxAge         = 30 * 24 * time.Hour
+	WitnessMaxAge       = 5 * time.Minute
+)
+
+// Family names the rule a stream is made for.
+type Family int
+
+// The families of DESIGN §6.6.
+const (
+	// CAS: a bucket whose rows change only by compare-and-set; history 1.
+	CAS Family = iota
+	// WriteOnce: a bucket where each key is written once: one message per subject, and a
+	// second write is refused by the server (discard new per subject).
+	WriteOnce
+	// Log: a plain stream of records.
+	Log
+)
+
+// Spec is one stream with the configuration its rule needs.
+type Spec struct {
+	// Bucket is the KV bucket name, or "" for a plain stream.
+	Bucket string
+	Family Family
+	// Rule says in a few words why the configuration is what it is, for refusals.
+	Rule   string
+	Config jetstream.StreamConfig
+	// Tunable lists the fields a start may change in place (size and age limits set by flags).
+	Tunable bool
+}
+
+// Specs returns every stream of a space.
+func Specs(space string, o Options) []Spec {
+	if o.Replicas < 1 {
+		o.Replicas = 1
+	}
+	if o.WitnessBytes == 0 {
+		o.WitnessBytes = DefaultWitnessBytes
+	}
+	if o.MintedBytes == 0 {
+		o.MintedBytes = DefaultMintedBytes
+	}
+	if o.MintedMaxAge == 0 {
+		o.MintedMaxAge = 48 * time.Hour
+	}
+	bucket := func(name string, f Family, rule string) Spec {
+		c := jetstream.StreamConfig{
+			Name:              "KV_" + name,
+			Subjects:          []string{"$KV." + name + ".>"},
+			Retention:         jetstream.LimitsPolicy,
+			Storage:           jetstream.FileStorage,
+			Replicas:          o.Replicas,
+			MaxMsgsPerSubject: 1,
+			MaxMsgs:           -1,
+			MaxBytes:          -1,
+			MaxMsgSize:        -1,
+			Discard:           jetstream.DiscardOld,
+			Duplicates:        2 * time.Minute,
+		}
+		if f == WriteOnce {
+			c.Discard = jetstream.DiscardNew
+			c.DiscardNewPerSubject = true
+		}
+		return Spec{Bucket: name, Family: f, Rule: rule, Config: seal(c)}
+	}
+	stream := func(c jetstream.StreamConfig, rule string) Spec {
+		c.Retention = jetstream.LimitsPolicy
+		c.Storage = jetstream.FileStorage
+		c.Replicas = o.Replicas
+		c.MaxMsgs = -1
+		c.MaxMsgSize = -1
+		c.Duplicates = 2 * time.Minute
+		return Spec{Family: Log, Rule: rule, Config: seal(c), Tunable: true}
+	}
+	return []Spec{
+		bucket(subjects.AuthBucket(space), CAS, "fences: leader reads, every change by CAS, never deleted"),
+		bucket(subjects.ActorsBucket(space), CAS, "ledger: leader reads, CAS"),
+		bucket(subjects.IssuedBucket(space), CAS, "issued evidence: CAS, history 1"),
+		bucket(subjects.AcceptedBucket(space), WriteOnce, "write-once per key"),
+		bucket(subjects.AdmissionBucket(space), WriteOnce, "create-only"),
+		bucket(subjects.RecordsBucket(space), CAS, "run records: leader reads, CAS"),
+		bucket(subjects.PlatformBucket(space), CAS, "assignments: leader reads, CAS"),
+		bucket(subjects.KeysBucket(space), CAS, "bearer keys: CAS"),
+		bucket(subjects.SecretsBucket(space), WriteOnce, "create-only"),
+		stream(jetstream.StreamConfig{
+			Name:     subjects.WitnessStream(space),
+			Subjects: subjects.RunStartExports(space),
+			NoAck:    true,
+			MaxAge:   WitnessMaxAge,
+			MaxBytes: o.WitnessBytes,
+			Discard:  jetstream.DiscardOld,
+		}, "witness: no acks (callers publish here), 5 minutes, bounded, oldest dropped"),
+		stream(jetstream.StreamConfig{
+			Name:              subjects.MintedStream(space),
+			Subjects:          []string{subjects.MintedStreamSubjects(space)},
+			MaxMsgsPerSubject: 1,
+			MaxAge:            o.MintedMaxAge,
+			MaxBytes:          o.MintedBytes,
+			Discard:           jetstream.DiscardNew,
+		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed"),
+		stream(jetstream.StreamConfig{
+			Name:     subjects.AuditStream(space),
+			Subjects: []string{subjects.AuditStreamSubjects(space)},
+			MaxAge:   AuditMaxAge,
+			MaxBytes: AuditBytes,
+			Discard:  jetstream.DiscardOld,
+		}, "audit: 30 days, 256 MiB, oldest dropped"),
+	}
+}
+
+// seal applies what every stream of the plane has: leader reads, no rollups, no deletes, no
+// purges.
+func seal(c jetstream.StreamConfig) jetstream.StreamConfig {
+	c.AllowDirect = false
+	c.MirrorDirect = false
+	c.AllowRollup = false
+	c.DenyDelete = true
+	c.DenyPurge = true
+	if c.MaxMsgsPerSubject == 0 {
+		c.MaxMsgsPerSubject = -1
+	}
+	return c
+}

@@ -1,0 +1,149 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Version is the plane's release, the micro service version.
+const Version = "0.1.0"
+
+// Config is everything `authplane serve` is told.
+type Config struct {
+	// Dir is the process state directory: lock, identity, auth-service.json, the embedded
+	// broker's store.
+	Dir string
+	// SpaceDir is the space material directory; "" means Dir/space.
+	SpaceDir string
+	// Space is the space served.
+	Space string
+
+	// NATSURL selects an existing broker; "" runs an embedded one on NATSPort (0 = a free port).
+	NATSURL  string
+	NATSPort int
+	// HTTPPort is the loopback HTTP face's port (0 = a free port).
+	HTTPPort int
+
+	// Replicas of every bucket and stream.
+	Replicas int
+	// Workers is how many copies of each endpoint serve in parallel.
+	Workers int
+	// Rate and Burst are the per-principal token bucket (Rate <= 0 disables it).
+	Rate  float64
+	Burst int
+	// RequestTimeout bounds every request, retries included.
+	RequestTimeout time.Duration
+
+	// PlaneUserTTL is the lifetime of the plane's own users; they renew at two thirds of it.
+	PlaneUserTTL time.Duration
+	// StandingTTL is the lifetime of standing credentials (5s to 24h).
+	StandingTTL time.Duration
+	// MaxAssignmentTTL bounds a platform supervisor assignment.
+	MaxAssignmentTTL time.Duration
+
+	WitnessBytes int64
+	MintedBytes  int64
+
+	// Logger receives the plane's log; nil discards it.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Hooks are test seams; nil in production.
+	Hooks *Hooks
+}
+
+// Hooks let tests pause the plane at points where races matter.
+type Hooks struct {
+	// BeforeCommit runs after a mint is signed and recorded, before its commit fence.
+	BeforeCommit func()
+}
+
+// Defaults returns the configuration `authplane serve` starts from.
+func Defaults() Config {
+	return Config{
+		Dir:              ".authplane",
+		Space:            "default",
+		NATSPort:         4222,
+		HTTPPort:         8480,
+		Replicas:         1,
+		Workers:          4 * runtime.GOMAXPROCS(0),
+		Rate:             100,
+		Burst:            200,
+		RequestTimeout:   5 * time.Second,
+		PlaneUserTTL:     time.Hour,
+		StandingTTL:      24 * time.Hour,
+		MaxAssignmentTTL: 30 * 24 * time.Hour,
+		WitnessBytes:     store.DefaultWitnessBytes,
+		MintedBytes:      store.DefaultMintedBytes,
+	}
+}
+
+// SpaceDirOrDefault returns SpaceDir, or Dir/space when it is empty.
+func (c Config) SpaceDirOrDefault() string {
+	if c.SpaceDir != "" {
+		return c.SpaceDir
+	}
+	return filepath.Join(c.Dir, "space")
+}
+
+// Validate returns every problem with the configuration at once, each naming its flag.
+func (c Config) Validate() error {
+	var p []error
+	bad := func(format string, args ...any) { p = append(p, fmt.Errorf(format, args...)) }
+	if c.Dir == "" {
+		bad("--dir: must not be empty")
+	}
+	if !subjects.ValidSpace(c.Space) {
+		bad("--space %q: want [a-z0-9][a-z0-9_-]{0,31}", c.Space)
+	}
+	if c.NATSURL != "" {
+		for _, u := range strings.Split(c.NATSURL, ",") {
+			if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
+				bad("--nats-url %q: want nats://host:port (comma-separated for a cluster)", u)
+			}
+		}
+	}
+	if c.NATSPort < 0 || c.NATSPort > 65535 {
+		bad("--nats-port %d: want 0 to 65535", c.NATSPort)
+	}
+	if c.HTTPPort < 0 || c.HTTPPort > 65535 {
+		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
+	}
+	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
+		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
+	}
+	if c.Workers < 1 || c.Workers > 1024 {
+		bad("--workers %d: want 1 to 1024", c.Workers)
+	}
+	if c.Rate > 0 && c.Burst < 1 {
+		bad("--burst %d: want at least 1 when --rate is set", c.Burst)
+	}
+	if c.RequestTimeout < 100*time.Millisecond || c.RequestTimeout > time.Minute {
+		bad("--request-timeout %s: want 100ms to 1m", c.RequestTimeout)
+	}
+	if c.PlaneUserTTL < 30*time.Second || c.PlaneUserTTL > 24*time.Hour {
+		bad("--plane-user-ttl %s: want 30s to 24h", c.PlaneUserTTL)
+	}
+	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
+		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)
+	}
+	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
+		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)
+	}
+	if c.WitnessBytes < 1<<20 {
+		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)
+	}
+	if c.MintedBytes < 1<<20 {
+		bad("--minted-bytes %d: want at least 1 MiB", c.MintedBytes)
+	}
+	return errors.Join(p...)
+}

@@ -1,0 +1,149 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Locate is how `creds` and `grant` find a plane: the space material and the broker, from the
+// state directory's auth-service.json unless given explicitly.
+type Locate struct {
+	Dir      string
+	SpaceDir string
+	NATSURL  string
+}
+
+func (l Locate) info() (*ServiceInfo, error) {
+	raw, err := os.ReadFile(filepath.Join(l.Dir, ServiceInfoFile))
+	if err != nil {
+		return nil, err
+	}
+	var info ServiceInfo
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(l.Dir, ServiceInfoFile), err)
+	}
+	return &info, nil
+}
+
+// Material loads the space material: --space-dir, else the running plane's, else <dir>/space.
+func (l Locate) Material() (*space.Material, error) {
+	dir := l.SpaceDir
+	if dir == "" {
+		if info, err := l.info(); err == nil && info.SpaceDir != "" {
+			dir = info.SpaceDir
+		} else {
+			dir = filepath.Join(l.Dir, "space")
+		}
+	}
+	m, err := space.Load(dir)
+	if errors.Is(err, space.ErrNotFound) {
+		return nil, fmt.Errorf("no space material in %s: run 'authplane serve --dir %s' or 'authplane init' first, or pass --space-dir", dir, l.Dir)
+	}
+	return m, err
+}
+
+// URL returns the broker URL: --nats-url, else the running plane's.
+func (l Locate) URL() (string, error) {
+	if l.NATSURL != "" {
+		return l.NATSURL, nil
+	}
+	info, err := l.info()
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("no plane is running with --dir %s (no %s): start one, or pass --nats-url", l.Dir, ServiceInfoFile)
+	}
+	if err != nil {
+		return "", err
+	}
+	return info.NATSURL, nil
+}
+
+// CallerCreds mints a `.creds` file (user JWT and a fresh seed) for principal owner.actor with
+// the "caller" permissions of DESIGN §6.8, valid for ttl.
+func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
+	if !subjects.ValidOwner(owner) {
+		return nil, fmt.Errorf("--owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
+	}
+	if !subjects.ValidActor(actor) {
+		return nil, fmt.Errorf("--actor %q: want [A-Za-z0-9_]{1,64}", actor)
+	}
+	if ttl < time.Minute || ttl > 30*24*time.Hour {
+		return nil, fmt.Errorf("--ttl %s: want 1m to 720h", ttl)
+	}
+	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
+	if err != nil {
+		return nil, err
+	}
+	_, grant, err := subjects.Permissions(subjects.DutyCaller, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Grant: grant, Expires: now.Add(ttl)})
+	if err != nil {
+		return nil, err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	return jwt.FormatUserConfig(token, seed)
+}
+
+// Grant writes principal owner.actor's ledger row with exactly scope, connecting to natsURL as
+// a short-lived plane-account user. The plane must have created its buckets (it has run once).
+func Grant(ctx context.Context, m *space.Material, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
+	nc, err := ConnectPlaneAccount(m, natsURL, "grant")
+	if err != nil {
+		return ledger.Row{}, err
+	}
+	defer nc.Close()
+	kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(m.Space))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return ledger.Row{}, fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", subjects.ActorsBucket(m.Space), natsURL)
+	}
+	if err != nil {
+		return ledger.Row{}, err
+	}
+	return ledger.Grant(ctx, kv, owner, actor, scope, time.Now())
+}
+
+// ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,
+// valid for five minutes: what tools (and tests) use to reach the plane's buckets.
+func ConnectPlaneAccount(m *space.Material, natsURL, role string) (*nats.Conn, error) {
+	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	auth, err := iss.Connect("plane."+role, subjects.StoreGrant(m.Space), 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(natsURL, auth, nats.Name("authplane "+role))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", natsURL, err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,54 @@
+package subjects
+
+import (
+	"regexp"
+
+	"github.com/nats-io/nkeys"
+)
+
+var (
+	spaceRe      = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
+	ownerRe      = regexp.MustCompile(`^[up]_[a-z2-7]{26}$`)
+	userOwnerRe  = regexp.MustCompile(`^u_[a-z2-7]{26}$`)
+	actorRe      = regexp.MustCompile(`^[A-Za-z0-9_]{1,64}$`)
+	uidRe        = regexp.MustCompile(`^[a-z0-9]{26,32}$`)
+	requestIDRe  = regexp.MustCompile(`^[A-Za-z0-9_-]{22,64}$`)
+	runIDRe      = regexp.MustCompile(`^run-[0-9a-f]{32}$`)
+	takeoverIDRe = regexp.MustCompile(`^[0-9a-f]{16}$`)
+	proofRe      = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+)
+
+// ValidSpace reports whether s is a space name: a subject token that is also part of every
+// bucket name.
+func ValidSpace(s string) bool { return spaceRe.MatchString(s) }
+
+// ValidOwner reports whether s is an owner token: `u_` (derived from an IdP subject) or `p_`
+// (a platform holder) followed by 26 base32-lower characters.
+func ValidOwner(s string) bool { return ownerRe.MatchString(s) }
+
+// ValidUserOwner reports whether s is a `u_` owner.
+func ValidUserOwner(s string) bool { return userOwnerRe.MatchString(s) }
+
+// ValidActor reports whether s is an actor token.
+func ValidActor(s string) bool { return actorRe.MatchString(s) }
+
+// ValidUID reports whether s is an instance id or lifecycle uid.
+func ValidUID(s string) bool { return uidRe.MatchString(s) }
+
+// ValidRequestID reports whether s is a request id.
+func ValidRequestID(s string) bool { return requestIDRe.MatchString(s) }
+
+// ValidRunID reports whether s is a workflow run id.
+func ValidRunID(s string) bool { return runIDRe.MatchString(s) }
+
+// ValidTakeoverID reports whether s is a run takeover id.
+func ValidTakeoverID(s string) bool { return takeoverIDRe.MatchString(s) }
+
+// ValidProof reports whether s has the shape of a registration proof.
+func ValidProof(s string) bool { return proofRe.MatchString(s) }
+
+// ValidUserNKey reports whether s is a public user nkey.
+func ValidUserNKey(s string) bool { return nkeys.IsValidPublicUserKey(s) }
+
+// ValidAccountNKey reports whether s is a public account nkey.
+func ValidAccountNKey(s string) bool { return nkeys.IsValidPublicAccountKey(s) }

@@ -1,0 +1,74 @@
+package subjects
+
+// Bucket names, one family each (DESIGN §6.6). All live in the plane account.
+
+// AuthBucket holds the fences: gates, run fences and revocation sets.
+func AuthBucket(space string) string { return "cotal_auth_" + space }
+
+// ActorsBucket holds the actor ledger.
+func ActorsBucket(space string) string { return "cotal_actors_" + space }
+
+// IssuedBucket holds issued evidence and attempt rows.
+func IssuedBucket(space string) string { return "cotal_issued_" + space }
+
+// AcceptedBucket holds write-once accepted rows.
+func AcceptedBucket(space string) string { return "cotal_accepted_" + space }
+
+// AdmissionBucket holds run admissions, revocation markers and witness markers.
+func AdmissionBucket(space string) string { return "cotal_admission_" + space }
+
+// RecordsBucket holds run status rows.
+func RecordsBucket(space string) string { return "cotal_records_" + space }
+
+// PlatformBucket holds platform supervisor assignments.
+func PlatformBucket(space string) string { return "cotal_platform_" + space }
+
+// KeysBucket holds the bearer issuer keys shared by replicas.
+func KeysBucket(space string) string { return "cotal_keys_" + space }
+
+// SecretsBucket holds claimed instance identities.
+func SecretsBucket(space string) string { return "cotal_secrets_" + space }
+
+// WitnessStream captures imported run-start requests.
+func WitnessStream(space string) string { return "cotal_witness_" + space }
+
+// MintedStream holds one `minted` record per issued nkey.
+func MintedStream(space string) string { return "cotal_minted_" + space }
+
+// AuditStream holds `refused`, `discarded`, `assigned` and `ended` records.
+func AuditStream(space string) string { return "cotal_audit_" + space }
+
+// KV keys.
+
+// Gate endpoint names.
+const (
+	GateEndpointManager = "manager"
+	GateEndpointAuth    = "auth"
+)
+
+// GateKey is the key of an endpoint gate: `epgate.<endpoint>.<iid>` in AuthBucket.
+func GateKey(endpoint, iid string) string { return "epgate." + endpoint + "." + iid }
+
+// RunFenceKey is the key of a run fence in AuthBucket.
+func RunFenceKey(runID string) string { return "runfence.manager." + runID }
+
+// RevocationsKey is the key of an account's revocation set in AuthBucket.
+func RevocationsKey(account string) string { return "revocations." + account }
+
+// ActorKey is the key of a ledger row in ActorsBucket.
+func ActorKey(owner, actor string) string { return "actor." + owner + "." + actor }
+
+// AssignmentKey is the key of an owner's platform supervisor assignment in PlatformBucket.
+func AssignmentKey(owner string) string { return "assignment." + owner }
+
+// AdmissionKey is the key of a run admission in AdmissionBucket.
+func AdmissionKey(runID string) string { return "admission.v1.manager." + runID }
+
+// RevokedKey is the key of a run revocation marker in AdmissionBucket.
+func RevokedKey(runID string) string { return "revoked.v1.manager." + runID }
+
+// RunStatusKey is the key of a run status row in RecordsBucket.
+func RunStatusKey(runID string) string { return "run.manager." + runID + ".status" }
+
+// IdentityKey is the key of a claimed instance identity in SecretsBucket.
+func IdentityKey(name string) string { return "identity." + name }

@@ -1,0 +1,125 @@
+package subjects
+
+import "fmt"
+
+// Duty names one kind of credential the plane mints (DESIGN §6.8).
+type Duty string
+
+// The duties, in the table's order.
+const (
+	DutySupervisor    Duty = "supervisor"
+	DutyExecutor      Duty = "executor"
+	DutyServe         Duty = "serve"
+	DutyGoalWriter    Duty = "goalWriter"
+	DutySessionLedger Duty = "sessionLedger"
+	DutyDriver        Duty = "driver"
+	DutyMediator      Duty = "mediator"
+	DutyCaller        Duty = "caller"
+)
+
+// StandingDuties are the five duties of a manager instance, in the order the registration's
+// identities digest covers them.
+var StandingDuties = []Duty{DutySupervisor, DutyExecutor, DutyServe, DutyGoalWriter, DutySessionLedger}
+
+// Grant is what one credential may do: the subjects it may publish and subscribe. Anything
+// else is denied by the broker.
+type Grant struct {
+	Pub []string
+	Sub []string
+}
+
+// Holder names whose credential a grant is for.
+type Holder struct {
+	Space    string
+	Owner    string
+	Actor    string // the caller's actor; set for DutyCaller, derived for every other duty
+	Instance string // the manager instance, for manager and run duties
+	RunID    string // for DutyDriver and DutyMediator
+}
+
+// DutyActor is the actor of a duty's principal; DutyCaller has no fixed actor.
+func DutyActor(d Duty, iid, runID string) string {
+	switch d {
+	case DutySupervisor:
+		return SupervisorActor(iid)
+	case DutyExecutor:
+		return ExecutorActor(iid)
+	case DutyServe:
+		return ServeActor(iid)
+	case DutyGoalWriter:
+		return GoalWriterActor(iid)
+	case DutySessionLedger:
+		return SessionLedgerActor(iid)
+	case DutyDriver, DutyMediator:
+		return RunActor(runID)
+	}
+	return ""
+}
+
+// Permissions is DESIGN §6.8 as code: the grant of duty d for holder h. Every grant may publish
+// its own principal's plane subjects and subscribe its own inbox; nothing more unless the table
+// says so. It returns the principal's actor with the grant.
+func Permissions(d Duty, h Holder) (actor string, g Grant, err error) {
+	actor = h.Actor
+	if d != DutyCaller {
+		actor = DutyActor(d, h.Instance, h.RunID)
+	}
+	if actor == "" {
+		return "", Grant{}, fmt.Errorf("unknown duty %q", d)
+	}
+	sp := "cotal." + h.Space
+	g = Grant{
+		Pub: []string{CallerSubjects(h.Space, h.Owner, actor)},
+		Sub: []string{InboxPrefix(h.Owner, actor) + ".>"},
+	}
+	switch d {
+	case DutySupervisor, DutyExecutor:
+		// Nothing more: they call the plane as themselves.
+	case DutyServe:
+		g.Sub = append(g.Sub,
+			sp+".ep.v1.one.manager.run-start."+h.Owner+".> manager."+h.Owner,
+			sp+".ep.v1.all.manager.run-start."+h.Owner+".>",
+			sp+".ep.v1.inst.manager."+h.Instance+".>",
+		)
+		g.Pub = append(g.Pub, sp+".ep.reply.manager."+h.Instance+".>")
+	case DutyGoalWriter:
+		g.Pub = append(g.Pub, sp+".goal."+h.Owner+".>")
+	case DutySessionLedger:
+		g.Pub = append(g.Pub, sp+".session."+h.Owner+".>")
+	case DutyDriver:
+		g.Pub = append(g.Pub, sp+".wfj."+h.RunID)
+	case DutyMediator:
+		g.Pub = append(g.Pub, sp+".ep.reply.manager."+h.Instance+".>")
+	case DutyCaller:
+		g.Pub = append(g.Pub,
+			sp+".ep.v1.one.manager.run-start."+h.Owner+"."+actor+".>",
+			sp+".ep.v1.all.manager.run-start."+h.Owner+"."+actor+".>",
+			sp+".ep.v1.inst.manager.*.run-start."+h.Owner+"."+actor+".>",
+			"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
+			"$SRV.*."+ServiceName, "$SRV.*."+ServiceName+".>",
+		)
+		g.Sub = append(g.Sub, sp+".ep.reply.manager.*.*."+h.Owner+"."+actor+".>")
+	default:
+		return "", Grant{}, fmt.Errorf("unknown duty %q", d)
+	}
+	return actor, g, nil
+}
+
+// ServingGrant is the grant of the plane's serving connection, a data-account user: it
+// receives endpoint requests and `$SRV` discovery, and may publish only into inboxes. It has
+// no response permission, which would override this deny-by-default list.
+func ServingGrant(space string) Grant {
+	return Grant{
+		Pub: []string{"_INBOX.>"},
+		Sub: []string{AuthPrefix(space) + ".>", "$SRV.>"},
+	}
+}
+
+// StoreGrant is the grant of the plane's store connection, a plane-account user: the JetStream
+// API, its buckets and record streams, and nothing but its own inbox to subscribe.
+func StoreGrant(space string) Grant {
+	return Grant{
+		Pub: []string{"$JS.API.>", "$KV.>", MintedStreamSubjects(space), AuditStreamSubjects(space)},
+		Sub: []string{"_INBOX.>"},
+	}
+}

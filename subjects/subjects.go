@@ -1,0 +1,148 @@
+package subjects
+
+import (
+	"strings"
+)
+
+// Service identity of the plane on the bus.
+const (
+	// ServiceName is the micro service name (`nats micro info cotal-auth`).
+	ServiceName = "cotal-auth"
+	// QueueGroup is the queue group every replica's endpoints join.
+	QueueGroup = "cotal-auth"
+	// Protocol is the value of the `protocol` metadata key.
+	Protocol = "cotal-auth/1"
+)
+
+// The five endpoints of the plane, in the order DESIGN §5 lists them.
+const (
+	EndpointManagerAuthority    = "manager-authority"
+	EndpointRunRevoke           = "run-revoke"
+	EndpointSupervisorAssign    = "supervisor-assign"
+	EndpointSupervisorAuthority = "supervisor-authority"
+	EndpointSupervisorEnd       = "supervisor-end"
+)
+
+// Endpoints lists every endpoint name.
+var Endpoints = []string{
+	EndpointManagerAuthority,
+	EndpointRunRevoke,
+	EndpointSupervisorAssign,
+	EndpointSupervisorAuthority,
+	EndpointSupervisorEnd,
+}
+
+// Issuer is the plane's issuer name for a space (`urn:cotal:auth:<space>`).
+func Issuer(space string) string { return "urn:cotal:auth:" + space }
+
+// DataAccountName is the name of the data account of a space.
+func DataAccountName(space string) string { return "cotal_" + space }
+
+// AuthPrefix is the micro group prefix of the plane's endpoints: `cotal.<space>.auth`.
+func AuthPrefix(space string) string { return "cotal." + space + ".auth" }
+
+// EndpointPattern is the subject an endpoint is served on, relative to AuthPrefix: the caller's
+// principal fills the two wildcards.
+func EndpointPattern(endpoint string) string { return endpoint + ".*.*" }
+
+// EndpointSubject is the subject principal owner.actor publishes a request for endpoint on.
+func EndpointSubject(space, endpoint, owner, actor string) string {
+	return AuthPrefix(space) + "." + endpoint + "." + owner + "." + actor
+}
+
+// CallerSubjects is the publish grant that forge-locks a principal to its own plane subjects.
+func CallerSubjects(space, owner, actor string) string {
+	return AuthPrefix(space) + ".*." + owner + "." + actor
+}
+
+// ParseEndpointSubject returns the endpoint and caller principal of a request subject, and false
+// when the subject is not `cotal.<space>.auth.<endpoint>.<owner>.<actor>` with valid tokens.
+func ParseEndpointSubject(space, subject string) (endpoint, owner, actor string, ok bool) {
+	rest, found := strings.CutPrefix(subject, AuthPrefix(space)+".")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || !ValidOwner(parts[1]) || !ValidActor(parts[2]) {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
+// Principal is the dotted form `<owner>.<actor>`: the JWT name and the audit's caller.
+func Principal(owner, actor string) string { return owner + "." + actor }
+
+// SplitPrincipal splits `<owner>.<actor>`; ok is false unless both tokens are valid.
+func SplitPrincipal(p string) (owner, actor string, ok bool) {
+	owner, actor, found := strings.Cut(p, ".")
+	if !found || !ValidOwner(owner) || !ValidActor(actor) {
+		return "", "", false
+	}
+	return owner, actor, true
+}
+
+// InboxPrefix is the only inbox prefix a principal may receive replies on:
+// `_INBOX.<owner>.<actor>` (pass it to `nats --inbox-prefix` or nats.CustomInboxPrefix).
+func InboxPrefix(owner, actor string) string { return "_INBOX." + owner + "." + actor }
+
+// ReplyAllowed reports whether reply lies under the caller's own inbox prefix, the only place
+// the plane answers a request.
+func ReplyAllowed(reply, owner, actor string) bool {
+	rest, ok := strings.CutPrefix(reply, InboxPrefix(owner, actor)+".")
+	return ok && rest != "" && !strings.ContainsAny(rest, "*> \t\r\n")
+}
+
+// Manager actors of one instance.
+
+// SupervisorActor is the actor of an instance's supervisor duty.
+func SupervisorActor(iid string) string { return "manager_" + iid }
+
+// ExecutorActor is the actor of an instance's executor duty.
+func ExecutorActor(iid string) string { return "manager_exec_" + iid }
+
+// ServeActor is the actor of an instance's serve duty, and the gate's principal actor.
+func ServeActor(iid string) string { return "manager_serve_" + iid }
+
+// GoalWriterActor is the actor of an instance's goal-writer duty.
+func GoalWriterActor(iid string) string { return "manager_goal_" + iid }
+
+// SessionLedgerActor is the actor of an instance's session-ledger duty.
+func SessionLedgerActor(iid string) string { return "manager_session_" + iid }
+
+// RunActor is the actor of a run's driver and mediator: `wf_<runId hex>`.
+func RunActor(runID string) string { return "wf_" + strings.TrimPrefix(runID, "run-") }
+
+// Run-start subjects: what callers publish, serve duties answer and the witness captures.
+
+// RunStartExports lists the run-start subjects the data account exports to the plane account.
+func RunStartExports(space string) []string {
+	p := "cotal." + space + ".ep.v1."
+	return []string{
+		p + "one.manager.run-start.>",
+		p + "all.manager.run-start.>",
+		p + "inst.manager.*.run-start.>",
+	}
+}
+
+// Records the plane writes into its own account.
+
+// MintedSubject is the subject of the `minted` record of one nkey of an instance.
+func MintedSubject(space, iid, nkey string) string {
+	return "cotal." + space + ".minted." + iid + "." + nkey
+}
+
+// MintedInstanceFilter matches every `minted` record of an instance.
+func MintedInstanceFilter(space, iid string) string {
+	return "cotal." + space + ".minted." + iid + ".>"
+}
+
+// MintedStreamSubjects is the subject space of the minted stream.
+func MintedStreamSubjects(space string) string { return "cotal." + space + ".minted.>" }
+
+// AuditSubject is the subject of an audit record: `cotal.<space>.audit.<decision>.<owner>.<actor>`.
+func AuditSubject(space, decision, owner, actor string) string {
+	return "cotal." + space + ".audit." + decision + "." + owner + "." + actor
+}
+
+// AuditStreamSubjects is the subject space of the audit stream.
+func AuditStreamSubjects(space string) string { return "cotal." + space + ".audit.>" }
