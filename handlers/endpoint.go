@@ -116,12 +116,10 @@ func (h *handler) Handle(req micro.Request) {
 		if f.Code == fault.Internal || f.Cause != nil {
 			g.Log.Error("request failed", "endpoint", h.endpoint, "caller", call.Principal(), "code", f.Code, "err", err)
 		}
-		if err != errFenced {
+		if err != errFenced && !f.Recorded {
+			// Its own context: the request's may have run out. A failed write is logged.
 			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-			// A failed audit write is logged by the recorder; the refusal stands regardless.
-			if rerr := g.Recorder.Record(rctx, records.Decision{Decision: records.Refused, Request: *call.Note, Code: string(f.Code), Message: f.Message}); rerr != nil {
-				g.Log.Debug("refusal not recorded", "err", rerr)
-			}
+			g.Recorder.Record(rctx, records.Decision{Decision: records.Refused, Request: *call.Note, Code: string(f.Code), Message: f.Message})
 			rcancel()
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/httpface"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -64,6 +65,7 @@ type Plane struct {
 	storeNC  *nats.Conn
 	serveNC  *nats.Conn
 	stores   *store.Stores
+	recorder *records.Recorder
 	svc      micro.Service
 	httpSrv  *http.Server
 	httpURL  string
@@ -249,21 +251,60 @@ func (p *Plane) addService() error {
 		return fmt.Errorf("micro service: %w", err)
 	}
 	p.svc = svc
+	p.recorder = records.New(cfg.Space, p.stores, p.log, cfg.Now)
 	guard := &handlers.Guard{
 		Space:    cfg.Space,
 		Timeout:  cfg.RequestTimeout,
 		Limiter:  handlers.NewLimiter(cfg.Rate, cfg.Burst),
-		Recorder: records.New(cfg.Space, p.stores, p.log, cfg.Now),
+		Recorder: p.recorder,
 		Log:      p.log,
 		Fenced:   p.fenced.Load,
 	}
+	engine, err := p.managerEngine()
+	if err != nil {
+		return err
+	}
+	serve := map[string]handlers.Func{
+		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
+		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
+		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
+		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
+		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+	}
 	group := svc.AddGroup(subjects.AuthPrefix(cfg.Space))
 	for _, endpoint := range subjects.Endpoints {
-		if err := handlers.Register(group, guard, endpoint, handlers.Unimplemented(endpoint), cfg.Workers); err != nil {
+		if err := handlers.Register(group, guard, endpoint, serve[endpoint], cfg.Workers); err != nil {
 			return fmt.Errorf("register endpoint %s: %w", endpoint, err)
 		}
 	}
 	return nil
+}
+
+func (p *Plane) managerEngine() (*manager.Engine, error) {
+	m := p.material
+	issuer, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, p.cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	key, err := manager.ProofKey(m.Data.Signer)
+	if err != nil {
+		return nil, err
+	}
+	e := &manager.Engine{
+		Space:       p.cfg.Space,
+		Account:     m.Data.Public(),
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Issuer:      issuer,
+		ProofKey:    key,
+		Records:     p.recorder,
+		StandingTTL: p.cfg.StandingTTL,
+		Now:         p.cfg.Now,
+	}
+	if p.cfg.Hooks != nil {
+		e.BeforeCommit = p.cfg.Hooks.BeforeCommit
+	}
+	return e, nil
 }
 
 func (p *Plane) serveHTTP() error {

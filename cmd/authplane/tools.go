@@ -188,4 +188,3 @@ func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%s\n", body)
 	return nil
 }
-

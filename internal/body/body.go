@@ -220,3 +220,31 @@ func join(path, key string) string {
 	}
 	return path + "." + key
 }
+
+// Peek returns the string member key of a JSON object body, for dispatching on it before the
+// closed parse. It applies Decode's outer checks (size, UTF-8, JSON, an object) and matches key
+// exactly. A missing key is "", a non-string one a refusal.
+func Peek(data []byte, key string) (string, error) {
+	if len(data) > MaxBytes {
+		return "", fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), MaxBytes)
+	}
+	if !utf8.Valid(data) {
+		return "", fault.New(fault.BadRequest, "body is not valid UTF-8")
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(data, &members); err != nil {
+		if json.Valid(data) {
+			return "", fault.New(fault.BadRequest, "body is not a JSON object")
+		}
+		return "", fault.New(fault.BadRequest, "body is not JSON")
+	}
+	raw, ok := members[key]
+	if !ok {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fault.Field(key, "want a string")
+	}
+	return s, nil
+}

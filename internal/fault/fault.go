@@ -35,6 +35,9 @@ type Error struct {
 	// Details, when set, is sent beside code and message (e.g. the current run fence of a
 	// conflict).
 	Details any
+	// Recorded means the decision was already recorded (e.g. as `discarded`); whoever answers
+	// the caller must not record it again as `refused`.
+	Recorded bool
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }

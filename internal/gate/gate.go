@@ -133,37 +133,6 @@ func NewNonce() string {
 	return hex.EncodeToString(b)
 }
 
-// Write replaces the observed gate (or creates it, when g is nil) with row, under a fresh
-// nonce, by CAS. A lost race is ErrCASLost: the caller re-reads and re-checks its fence before
-// trying again. A write of unknown outcome is settled by reading the nonce back.
-func Write(ctx context.Context, kv KV, key string, g *Gate, row Row) (*Gate, error) {
-	row.Nonce = NewNonce()
-	data, err := json.Marshal(row)
-	if err != nil {
-		return nil, err
-	}
-	var rev uint64
-	if g == nil {
-		rev, err = kv.Create(ctx, key, data)
-	} else {
-		rev, err = kv.Update(ctx, key, data, g.Revision)
-	}
-	if errors.Is(err, store.ErrUnknownOutcome) {
-		now, rerr := Observe(ctx, kv, key)
-		if rerr != nil {
-			return nil, errors.Join(err, rerr)
-		}
-		if now != nil && now.Row.Nonce == row.Nonce {
-			return now, nil
-		}
-		return nil, fmt.Errorf("%w (%w)", store.ErrCASLost, err)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &Gate{Key: key, Row: row, Raw: data, Revision: rev}, nil
-}
-
 // Commit is the commit fence of a mint made on observed gate g: it rewrites the row exactly as
 // read, pinned to the revision read. If the CAS loses and the row is byte-for-byte unchanged
 // (another mint committed in between), it retries at the new revision with jitter until ctx
@@ -187,6 +156,51 @@ func Commit(ctx context.Context, kv KV, g *Gate) error {
 		}
 		if err := store.Pause(ctx, attempt); err != nil {
 			return fmt.Errorf("commit %s: %w", g.Key, err)
+		}
+	}
+}
+
+// Transition is a fence-changing write made on observed gate g (nil: the key was absent): it
+// writes row under a fresh writer-unique nonce, pinned to the revision read. A CAS lost to a
+// byte-identical rewrite (a mint committing) is retried at the new revision until ctx ends; a
+// write of unknown outcome is settled by reading the nonce back; any real change since the
+// read is ErrMoved, and the caller must decide again from a new read.
+func Transition(ctx context.Context, kv KV, key string, g *Gate, row Row) (*Gate, error) {
+	row.Nonce = NewNonce()
+	data, err := json.Marshal(row)
+	if err != nil {
+		return nil, err
+	}
+	rev := uint64(0)
+	if g != nil {
+		rev = g.Revision
+	}
+	for attempt := 0; ; attempt++ {
+		var n uint64
+		if rev == 0 {
+			n, err = kv.Create(ctx, key, data)
+		} else {
+			n, err = kv.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			return &Gate{Key: key, Row: row, Raw: data, Revision: n}, nil
+		}
+		if !errors.Is(err, store.ErrCASLost) && !errors.Is(err, store.ErrUnknownOutcome) {
+			return nil, err
+		}
+		now, rerr := Observe(ctx, kv, key)
+		switch {
+		case rerr != nil:
+			// Unknown; try again after the pause.
+		case now != nil && now.Row.Nonce == row.Nonce:
+			return now, nil // our write landed
+		case g == nil || now == nil || !bytes.Equal(now.Raw, g.Raw):
+			return nil, fmt.Errorf("write %s: %w", key, ErrMoved)
+		default:
+			rev = now.Revision
+		}
+		if err := store.Pause(ctx, attempt); err != nil {
+			return nil, fmt.Errorf("write %s: %w", key, err)
 		}
 	}
 }

@@ -131,11 +131,11 @@ func Register(ctx context.Context, kv gate.KV, iid string) (*gate.Gate, error) {
 			row.ProcessEpoch++
 			row.RegistrationRevision++
 		}
-		ng, err := gate.Write(ctx, kv, key, g, row)
+		ng, err := gate.Transition(ctx, kv, key, g, row)
 		if err == nil {
 			return ng, nil
 		}
-		if !errors.Is(err, store.ErrCASLost) && !errors.Is(err, store.ErrUnknownOutcome) {
+		if !errors.Is(err, gate.ErrMoved) {
 			return nil, err
 		}
 		if err := store.Pause(ctx, attempt); err != nil {

@@ -116,7 +116,7 @@ func (r *Recorder) LogMinted(req Request, creds []Credential) {
 
 // Record writes an audit decision (refused, discarded, assigned, ended) and its log line. A
 // failed write is logged; the decision itself stands.
-func (r *Recorder) Record(ctx context.Context, d Decision) error {
+func (r *Recorder) Record(ctx context.Context, d Decision) {
 	d.V, d.At = 1, r.now().UnixMilli()
 	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
 	for _, c := range d.Credentials {
@@ -128,16 +128,14 @@ func (r *Recorder) Record(ctx context.Context, d Decision) error {
 	}
 	r.log.Log(ctx, level, d.Decision, attrs...)
 	data, err := json.Marshal(d)
+	if err == nil {
+		owner, actor, ok := subjects.SplitPrincipal(d.Caller)
+		if !ok {
+			owner, actor = "_", "_"
+		}
+		err = r.out.Append(ctx, subjects.AuditSubject(r.space, d.Decision, owner, actor), data)
+	}
 	if err != nil {
-		return err
-	}
-	owner, actor, ok := subjects.SplitPrincipal(d.Caller)
-	if !ok {
-		owner, actor = "_", "_"
-	}
-	if err := r.out.Append(ctx, subjects.AuditSubject(r.space, d.Decision, owner, actor), data); err != nil {
 		r.log.Error("audit record not written", append(d.Request.attrs(), "decision", d.Decision, "err", err)...)
-		return err
 	}
-	return nil
 }

@@ -1,0 +1,82 @@
+package manager
+
+import (
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Proof labels: what `prepare` returns (and `activate` needs), and what `activate` returns
+// (and renewals need).
+const (
+	labelRegistration = "registration"
+	labelCurrent      = "current"
+)
+
+// proofInfo is the HKDF label the proof key is derived under.
+const proofInfo = "cotal-auth/manager-registration-proof/v1"
+
+// ProofKey derives the proof key from the data account's signing key: HKDF-SHA256 over its
+// seed under a fixed label, so the seed itself never keys anything but signatures.
+func ProofKey(signer nkeys.KeyPair) ([]byte, error) {
+	seed, err := signer.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("proof key: %w", err)
+	}
+	return hkdf.Key(sha256.New, seed, nil, proofInfo, 32)
+}
+
+// IdentitiesDigest is SHA-256 over the five duty nkeys in the order supervisor, executor,
+// serve, goalWriter, sessionLedger.
+func IdentitiesDigest(ids Identities) string {
+	h := sha256.New()
+	for _, d := range subjects.StandingDuties {
+		h.Write([]byte(ids.Of(d)))
+		h.Write([]byte{'\n'})
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// proofClaims is what a proof binds: the registration as the gate carries it. It names no
+// caller, so the instance's own duties can renew with it.
+type proofClaims struct {
+	Space                string `json:"space"`
+	Owner                string `json:"owner"`
+	InstanceID           string `json:"instanceId"`
+	LifecycleUID         string `json:"lifecycleUid"`
+	IdentitiesDigest     string `json:"identitiesDigest"`
+	RegistrationRevision uint64 `json:"registrationRevision"`
+	ProcessEpoch         uint64 `json:"processEpoch"`
+}
+
+// proof computes the proof of label over the registration on gate row r.
+func proof(key []byte, label, space, owner, iid string, r gate.Row) string {
+	msg, err := json.Marshal(proofClaims{
+		Space: space, Owner: owner, InstanceID: iid,
+		LifecycleUID:         r.Registration.LifecycleUID,
+		IdentitiesDigest:     r.Registration.IdentitiesDigest,
+		RegistrationRevision: r.RegistrationRevision,
+		ProcessEpoch:         r.ProcessEpoch,
+	})
+	if err != nil {
+		panic("manager: proof claims do not marshal: " + err.Error())
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("cotal/manager-proof/v1\x00" + label + "\x00"))
+	mac.Write(msg)
+	return "sha256:" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// proofEqual compares two proofs in constant time.
+func proofEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
