@@ -1,0 +1,22 @@
+# The authplane binary on a small base, run as a non-root user.
+#   docker build -t cotal/authplane .      (docker-compose.yml builds it for you)
+
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/authplane ./cmd/authplane
+
+FROM alpine:3.22
+# /space and /state belong to the plane's user, so a fresh named volume mounted there starts
+# out writable by it (Docker copies the image's directory, owner included, into an empty volume).
+RUN addgroup -S -g 10001 authplane \
+ && adduser -S -D -H -u 10001 -G authplane authplane \
+ && mkdir -p /space /state \
+ && chown authplane:authplane /space /state
+COPY --from=build /out/authplane /usr/local/bin/authplane
+USER 10001:10001
+WORKDIR /state
+ENTRYPOINT ["authplane"]
+CMD ["serve", "--dir", "/state"]
