@@ -66,6 +66,7 @@ type Plane struct {
 	serveNC  *nats.Conn
 	stores   *store.Stores
 	recorder *records.Recorder
+	manager  *manager.Engine
 	svc      micro.Service
 	httpSrv  *http.Server
 	httpURL  string
@@ -91,10 +92,11 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p = &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	plane := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	p = plane
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, p.teardown())
+			err = errors.Join(err, plane.teardown())
 		}
 	}()
 
@@ -145,7 +147,8 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
-		MintedMaxAge: 2 * cfg.StandingTTL,
+		// At least twice the longest credential lifetime, so an end finds every live nkey.
+		MintedMaxAge: max(2*cfg.StandingTTL, time.Hour),
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -260,12 +263,11 @@ func (p *Plane) addService() error {
 		Log:      p.log,
 		Fenced:   p.fenced.Load,
 	}
-	engine, err := p.managerEngine()
-	if err != nil {
+	if p.manager, err = p.managerEngine(); err != nil {
 		return err
 	}
 	serve := map[string]handlers.Func{
-		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
+		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(p.manager),
 		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
 		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
 		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
@@ -456,6 +458,9 @@ func (p *Plane) CreatedMaterial() bool { return p.created }
 
 // Stores are the plane's buckets, for tools and tests.
 func (p *Plane) Stores() *store.Stores { return p.stores }
+
+// Manager is the plane's manager-authority engine, for tests that must act beside the bus.
+func (p *Plane) Manager() *manager.Engine { return p.manager }
 
 // ServiceID is the micro service instance id.
 func (p *Plane) ServiceID() string { return p.svc.Info().ID }

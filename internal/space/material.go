@@ -118,19 +118,25 @@ func LoadOrCreate(dir, space string) (*Material, bool, error) {
 	return m, err == nil, err
 }
 
-// Create generates fresh material for space and writes it to dir, which must not exist: the
-// files go to a private temporary directory that is renamed into place, so dir either holds
-// all of the material or none of it.
+// Create generates fresh material for space and writes it to dir. When dir does not exist the
+// files go to a private temporary directory that is renamed into place, so dir holds all of
+// the material or none of it. An existing directory (a volume's mount point, say) is filled in
+// place only if it holds no descriptor yet; the descriptor is written last, so a crash leaves
+// material that Load still reports as absent. Existing material is never overwritten.
 func Create(dir, space string) (*Material, error) {
 	if !subjects.ValidSpace(space) {
 		return nil, fmt.Errorf("space %q: want [a-z0-9][a-z0-9_-]{0,31}", space)
 	}
-	if _, err := os.Stat(dir); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, descriptorFile)); err == nil {
 		return nil, fmt.Errorf("create space material: %s: %w", dir, os.ErrExist)
 	}
 	m, err := generate(space)
 	if err != nil {
 		return nil, err
+	}
+	m.Dir = dir
+	if _, err := os.Stat(dir); err == nil {
+		return m, m.write(dir)
 	}
 	parent := filepath.Dir(dir)
 	if err := files.EnsureDir(parent); err != nil {
@@ -145,12 +151,11 @@ func Create(dir, space string) (*Material, error) {
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		err = fmt.Errorf("create space material: %w", err)
-		if _, statErr := os.Stat(dir); statErr == nil {
+		if _, statErr := os.Stat(filepath.Join(dir, descriptorFile)); statErr == nil {
 			err = fmt.Errorf("create space material: %s: %w", dir, os.ErrExist)
 		}
 		return nil, errors.Join(err, os.RemoveAll(tmp))
 	}
-	m.Dir = dir
 	return m, nil
 }
 
@@ -298,11 +303,15 @@ func (m *Material) write(dir string) error {
 		out[name] = append(seed, '\n')
 	}
 	for name, data := range out {
+		if name == descriptorFile {
+			continue
+		}
 		if err := files.WriteAtomic(filepath.Join(dir, name), data, files.Private); err != nil {
 			return err
 		}
 	}
-	return nil
+	// The descriptor last: it is what makes the directory hold material.
+	return files.WriteAtomic(filepath.Join(dir, descriptorFile), out[descriptorFile], files.Private)
 }
 
 func (m *Material) seeds() map[string]nkeys.KeyPair {

@@ -96,7 +96,7 @@ func Specs(space string, o Options) []Spec {
 		c.Replicas = o.Replicas
 		c.MaxMsgs = -1
 		c.MaxMsgSize = -1
-		c.Duplicates = 2 * time.Minute
+		c.Duplicates = min(2*time.Minute, c.MaxAge) // the server refuses a window longer than the age
 		return Spec{Family: Log, Rule: rule, Config: seal(c), Tunable: true}
 	}
 	return []Spec{
