@@ -107,7 +107,7 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 	if err := os.Remove(filepath.Join(cfg.Dir, ServiceInfoFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	if p.material, p.created, err = space.LoadOrCreate(cfg.SpaceDirOrDefault(), cfg.Space); err != nil {
+	if err := p.loadMaterial(); err != nil {
 		return nil, err
 	}
 	if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
@@ -183,6 +183,30 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
 		"epoch", p.gate.Row.ProcessEpoch, "nats", p.natsURL, "http", p.httpURL)
 	return p, nil
+}
+
+// loadMaterial loads the space material, creating it on a first embedded start. Against an
+// existing cluster the material must be the one its servers were configured from (`authplane
+// init`), so it is never created there.
+func (p *Plane) loadMaterial() error {
+	dir := p.cfg.SpaceDirOrDefault()
+	if p.cfg.NATSURL == "" {
+		var err error
+		p.material, p.created, err = space.LoadOrCreate(dir, p.cfg.Space)
+		return err
+	}
+	m, err := space.Load(dir)
+	if errors.Is(err, space.ErrNotFound) {
+		return fmt.Errorf("--nats-url needs the space material its servers were set up with: none in %s (write it with 'authplane init' and pass --space-dir)", dir)
+	}
+	if err != nil {
+		return err
+	}
+	if m.Space != p.cfg.Space {
+		return fmt.Errorf("space material in %s is for space %q, not --space %q", dir, m.Space, p.cfg.Space)
+	}
+	p.material = m
+	return nil
 }
 
 // connect opens one of the plane's own connections as a fresh short-lived user of issuer's
