@@ -51,10 +51,14 @@ func TestDecodeAcceptsAClosedBodyOfEveryShape(t *testing.T) {
 		t.Fatalf("Decode: got %v, want nil", err)
 	}
 	o := "o"
-	want := testBody{V: 1, Kind: "k", Count: 7, Epoch: 18446744073709551615, Ratio: 0.5, Flag: true, Optional: &o,
+	want := testBody{
+		V: 1, Kind: "k", Count: 7, Epoch: 18446744073709551615, Ratio: 0.5, Flag: true, Optional: &o,
 		Identities: testIdentities{Supervisor: &testIdentity{ID: "S"}, Serve: testIdentity{ID: "X"}},
-		Tags: []string{"a", "b"}, Items: []testItem{{ID: "i", Count: -2}}, Meta: map[string]string{"Any-Key": "v"},
-		Request: json.RawMessage(`{"whatever":[1,{"x":null}]}`)}
+		Tags:       []string{"a", "b"},
+		Items:      []testItem{{ID: "i", Count: -2}},
+		Meta:       map[string]string{"Any-Key": "v"},
+		Request:    json.RawMessage(`{"whatever":[1,{"x":null}]}`),
+	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Decode: got %+v, want %+v", got, want)
 	}
