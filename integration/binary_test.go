@@ -1,0 +1,339 @@
+package integration
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// waitReady waits for proc's auth-service.json in dir, failing at once if proc exits first.
+func waitReady(t *testing.T, proc *process, dir string) service.ServiceInfo {
+	t.Helper()
+	var info service.ServiceInfo
+	checkFor(t, 30*time.Second, 25*time.Millisecond, func() error {
+		select {
+		case <-proc.done:
+			t.Fatalf("authplane %v exited before it was ready: %v\nstderr:\n%s", proc.cmd.Args[1:], proc.err, proc.stderr.String())
+		default:
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, service.ServiceInfoFile))
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(raw, &info)
+	})
+	return info
+}
+
+func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	proc := startAuthplane(t, "serve", "--dir", dir, "--nats-port", "0", "--http-port", "0", "--workers", "3")
+	info := waitReady(t, proc, dir)
+
+	t.Run("auth-service.json says where the plane is", func(t *testing.T) {
+		if info.Ver != 1 || info.PID != proc.cmd.Process.Pid || !strings.HasPrefix(info.URL, "http://127.0.0.1:") ||
+			!strings.HasPrefix(info.NATSURL, "nats://127.0.0.1:") || info.SpaceDir != filepath.Join(dir, "space") {
+			t.Errorf("auth-service.json: got %+v, want ver 1, pid %d, loopback URLs and space dir %s", info, proc.cmd.Process.Pid, filepath.Join(dir, "space"))
+		}
+		if c, err := hex.DecodeString(info.Cap); err != nil || len(c) < 32 {
+			t.Errorf("auth-service.json cap: got %q, want at least 32 random bytes in hex", info.Cap)
+		}
+		fi, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("auth-service.json: got mode %o, want 600", fi.Mode().Perm())
+		}
+		checkFor(t, 5*time.Second, 25*time.Millisecond, func() error {
+			if out := proc.stdout.String(); !strings.Contains(out, info.NATSURL) || !strings.Contains(out, "micro info "+subjects.ServiceName) {
+				return fmt.Errorf("stdout %q: want the nats URL %s and a `nats micro info` command to try", out, info.NATSURL)
+			}
+			return nil
+		})
+	})
+
+	t.Run("GET /health answers ok with the issuer", func(t *testing.T) {
+		resp, err := http.Get(info.URL + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(resp.Body)
+		if cerr := resp.Body.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /health: got status %d, want 200", resp.StatusCode)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatalf("GET /health body %q: %v", raw, err)
+		}
+		if want := map[string]any{"ok": true, "issuer": "urn:cotal:auth:default"}; !reflect.DeepEqual(got, want) {
+			t.Errorf("GET /health: got %s, want %v", raw, want)
+		}
+	})
+
+	t.Run("a creds file connects and lists the five endpoints in $SRV.INFO", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "cli.creds")
+		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
+			t.Fatalf("authplane creds: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		fi, err := os.Stat(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("creds file: got mode %o, want 600", fi.Mode().Perm())
+		}
+		nc := connectCreds(t, info.NATSURL, out, ownerA, "cli")
+		srv := serviceInfo(t, nc)
+		checkFiveEndpoints(t, srv, 3)
+		if srv.Metadata["epoch"] != "0" || !subjects.ValidUID(srv.Metadata["instance"]) {
+			t.Errorf("$SRV.INFO metadata: got %v, want epoch 0 and an instance id", srv.Metadata)
+		}
+	})
+
+	t.Run("the stock nats CLI lists the service with a creds file and the inbox prefix", func(t *testing.T) {
+		natsCLI, err := exec.LookPath("nats")
+		if err != nil {
+			t.Skip("the nats CLI is not on PATH")
+		}
+		out := filepath.Join(t.TempDir(), "cli.creds")
+		if code, _, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
+			t.Fatalf("authplane creds: exit %d, want 0\nstderr:\n%s", code, stderr)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, natsCLI, "--server", info.NATSURL, "--creds", out,
+			"--inbox-prefix", subjects.InboxPrefix(ownerA, "cli"), "micro", "info", subjects.ServiceName, "--json")
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()) // no saved contexts
+		raw, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("nats micro info: %v\n%s", err, raw)
+		}
+		var got struct {
+			Info micro.Info `json:"info"`
+		}
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatalf("nats micro info --json %q: %v", raw, err)
+		}
+		checkFiveEndpoints(t, got.Info, 3)
+	})
+
+	t.Run("grant writes a ledger row readable in the actors bucket", func(t *testing.T) {
+		code, stdout, stderr := runAuthplane(t, 30*time.Second, "grant", "--dir", dir, "--owner", ownerB, "--actor", "ops", "--scope", "supervise, admin")
+		if code != 0 {
+			t.Fatalf("authplane grant: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		m, err := space.Load(info.SpaceDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := service.ConnectPlaneAccount(m, info.NATSURL, "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(testSpace))
+		if err != nil {
+			t.Fatal(err)
+		}
+		row, found, err := ledger.Read(ctx, kv, ownerB, "ops")
+		if err != nil || !found {
+			t.Fatalf("ledger row %s: found %v, err %v; want the granted row", subjects.ActorKey(ownerB, "ops"), found, err)
+		}
+		if want := []string{ledger.Admin, ledger.Supervise}; !slices.Equal(row.Scope, want) {
+			t.Errorf("ledger row scope: got %v, want %v", row.Scope, want)
+		}
+		if row.V != 1 || row.Owner != ownerB || row.Actor != "ops" || row.GrantedAt == 0 {
+			t.Errorf("ledger row: got %+v, want v 1, %s.ops and a grant time", row, ownerB)
+		}
+	})
+
+	t.Run("a second serve on the same dir exits non-zero naming the holder's pid", func(t *testing.T) {
+		code, _, stderr := runAuthplane(t, 30*time.Second, "serve", "--dir", dir, "--nats-port", "0", "--http-port", "0")
+		if code == 0 {
+			t.Errorf("second serve: exit 0, want non-zero")
+		}
+		if want := fmt.Sprintf("in use by pid %d", proc.cmd.Process.Pid); !strings.Contains(stderr, want) {
+			t.Errorf("second serve stderr: got %q, want it to contain %q", stderr, want)
+		}
+		if strings.Contains(stderr, "panic") {
+			t.Errorf("second serve stderr: got a panic, want one clear error:\n%s", stderr)
+		}
+	})
+
+	if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := proc.wait(t, 15*time.Second); code != 0 {
+		t.Errorf("serve after SIGTERM: exit %d, want 0\nstderr:\n%s", code, proc.stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); !os.IsNotExist(err) {
+		t.Errorf("after SIGTERM: stat auth-service.json: %v, want it removed", err)
+	}
+}
+
+func TestBinaryServeRefusesAPortInUseNamingItsFlag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		flag string
+		// attempts: the HTTP face opens after the plane registered and started watching its
+		// gate, so its failure unwinds a running watch; repeat it to catch a racy unwind.
+		attempts int
+	}{
+		{"--nats-port", 1},
+		{"--http-port", 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flag, func(t *testing.T) {
+			t.Parallel()
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+			args := map[string]string{"--nats-port": "0", "--http-port": "0"}
+			args[tt.flag] = port
+			for attempt := 1; attempt <= tt.attempts && !t.Failed(); attempt++ {
+				dir := t.TempDir()
+				code, _, stderr := runAuthplane(t, 30*time.Second, "serve", "--dir", dir, "--nats-port", args["--nats-port"], "--http-port", args["--http-port"])
+				if code != 1 {
+					t.Errorf("attempt %d: serve %s %s (in use): exit %d, want 1", attempt, tt.flag, port, code)
+				}
+				if want := tt.flag + " " + port; !strings.Contains(stderr, want) {
+					t.Errorf("attempt %d: serve stderr: got %q, want it to name %q", attempt, stderr, want)
+				}
+				if strings.Contains(stderr, "panic") {
+					t.Errorf("attempt %d: serve stderr: got a panic, want one clear error:\n%s", attempt, stderr)
+				}
+				if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); !os.IsNotExist(err) {
+					t.Errorf("attempt %d: after the refused serve: stat auth-service.json: %v, want none", attempt, err)
+				}
+			}
+		})
+	}
+}
+
+func TestBinaryInitWritesAConfigThatNATSServerAcceptsAndAPlaneServesOn(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	spaceDir := filepath.Join(root, "space")
+	args := []string{"init", "--space", "demo", "--space-dir", spaceDir, "--server-store", filepath.Join(root, "nats"), "--listen", "127.0.0.1:-1"}
+	code, stdout, stderr := runAuthplane(t, 30*time.Second, args...)
+	if code != 0 {
+		t.Fatalf("authplane init: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	m, err := space.Load(spaceDir)
+	if err != nil {
+		t.Fatalf("load the material init wrote: %v", err)
+	}
+	if m.Space != "demo" {
+		t.Errorf("init material: got space %q, want demo", m.Space)
+	}
+	err = filepath.WalkDir(spaceDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() == instance.IdentityFile {
+			t.Errorf("init wrote %s, want no instance identity", path)
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir() && fi.Mode().Perm() != 0o700:
+			t.Errorf("%s: got mode %o, want 700", path, fi.Mode().Perm())
+		case !d.IsDir() && d.Name() != "nats-server.conf" && fi.Mode().Perm() != 0o600:
+			t.Errorf("%s: got mode %o, want 600", path, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv := runServerConf(t, filepath.Join(spaceDir, "nats-server.conf"))
+	p := startPlane(t, func(c *service.Config) { c.NATSURL, c.SpaceDir, c.Space = srv.ClientURL(), spaceDir, "demo" })
+	nc := callerConn(t, p, ownerA, "cli")
+	info := serviceInfo(t, nc)
+	checkFiveEndpoints(t, info, 2)
+
+	// A second init reuses the material and never overwrites it.
+	code, stdout, stderr = runAuthplane(t, 30*time.Second, args...)
+	if code != 0 {
+		t.Fatalf("second authplane init: exit %d, want 0\nstderr:\n%s", code, stderr)
+	}
+	if !strings.Contains(stdout, "reused") {
+		t.Errorf("second init stdout: got %q, want it to say the material was reused", stdout)
+	}
+	again, err := space.Load(spaceDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Data.Public() != m.Data.Public() || again.OperatorJWT != m.OperatorJWT {
+		t.Errorf("second init: the material changed, want it kept")
+	}
+}
+
+func TestBinaryFencedServeExitsNonZero(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	proc := startAuthplane(t, "serve", "--nats-url", s.URL(), "--space-dir", s.spaceDir, "--dir", dirA, "--http-port", "0", "--workers", "1")
+	waitReady(t, proc, dirA)
+
+	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
+	if got := b.Epoch(); got != 1 {
+		t.Errorf("plane B: got epoch %d, want 1", got)
+	}
+	if code := proc.wait(t, 5*time.Second); code == 0 {
+		t.Errorf("fenced serve: exit 0, want non-zero")
+	}
+	if stderr := proc.stderr.String(); !strings.Contains(stderr, "fenced") {
+		t.Errorf("fenced serve stderr: got %q, want it to say it was fenced", stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dirA, service.ServiceInfoFile)); !os.IsNotExist(err) {
+		t.Errorf("fenced serve: stat auth-service.json: %v, want it removed", err)
+	}
+}

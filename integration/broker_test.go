@@ -1,0 +1,341 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// dataUserConn connects to p's broker as a fresh data-account user with grant g, signed with
+// the data account's signing key the way the plane signs its own users.
+func dataUserConn(t *testing.T, p *service.Plane, name string, g subjects.Grant, errs *asyncErrors) *nats.Conn {
+	t.Helper()
+	m := p.Material()
+	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := iss.Connect(name, g, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.NATSURL(), auth, errs.option(), nats.Name(name), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("connect as data-account user %s: %v", name, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func TestCallerCredentialIsForgeLockedByTheBroker(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	errs := &asyncErrors{}
+	nc := callerConn(t, p, ownerA, "cli", errs.option())
+
+	t.Run("publishing on its own plane subject is allowed", func(t *testing.T) {
+		msg, err := nc.Request(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "cli"), []byte("{}"), 5*time.Second)
+		if err != nil {
+			t.Fatalf("request on its own subject: %v", err)
+		}
+		if msg.Header.Get("Nats-Service-Error-Code") == "" && len(msg.Data) == 0 {
+			t.Errorf("request on its own subject: got an empty answer, want the endpoint's")
+		}
+		if err := errs.violation(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "cli")); err != nil {
+			t.Errorf("publishing on its own subject: got %v, want no violation", err)
+		}
+	})
+
+	t.Run("discovering the service on $SRV is allowed", func(t *testing.T) {
+		id := p.ServiceID()
+		for _, subject := range []string{
+			"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
+			"$SRV.PING." + subjects.ServiceName, "$SRV.INFO." + subjects.ServiceName, "$SRV.STATS." + subjects.ServiceName,
+			"$SRV.PING." + subjects.ServiceName + "." + id, "$SRV.STATS." + subjects.ServiceName + "." + id,
+		} {
+			msg, err := nc.Request(subject, nil, 5*time.Second)
+			if err != nil {
+				t.Errorf("%s: %v, want the plane's answer", subject, err)
+				continue
+			}
+			var got struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(msg.Data, &got); err != nil || got.ID != id {
+				t.Errorf("%s: got %q (%v), want an answer from service %s", subject, msg.Data, err, id)
+			}
+		}
+	})
+
+	for _, tt := range []struct {
+		name    string
+		op      string
+		subject string
+	}{
+		{"publishing as another owner", "Publish", subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerB, "cli")},
+		{"publishing as another actor of its owner", "Publish", subjects.EndpointSubject(testSpace, subjects.EndpointSupervisorEnd, ownerA, "other")},
+		{"publishing as an actor that extends its own", "Publish", subjects.EndpointSubject(testSpace, subjects.EndpointRunRevoke, ownerA, "cliX")},
+		{"publishing in another space", "Publish", subjects.EndpointSubject("other", subjects.EndpointManagerAuthority, ownerA, "cli")},
+		{"publishing a run-start as another principal", "Publish", "cotal." + testSpace + ".ep.v1.one.manager.run-start." + ownerB + ".cli.uid.1.n"},
+		{"publishing on the JetStream API", "Publish", "$JS.API.INFO"},
+		{"publishing on the system account's subjects", "Publish", "$SYS.REQ.SERVER.PING"},
+		{"subscribing to another principal's inbox", "Subscription", subjects.InboxPrefix(ownerB, "cli") + ".>"},
+		{"subscribing to every inbox", "Subscription", "_INBOX.>"},
+		{"subscribing to the plane's requests", "Subscription", subjects.AuthPrefix(testSpace) + ".>"},
+		{"subscribing to everything", "Subscription", ">"},
+	} {
+		t.Run(tt.name+" is a permissions violation", func(t *testing.T) {
+			var err error
+			if tt.op == "Publish" {
+				err = nc.Publish(tt.subject, []byte("{}"))
+			} else {
+				_, err = nc.SubscribeSync(tt.subject)
+			}
+			if err != nil {
+				t.Fatalf("%s %s: %v", tt.op, tt.subject, err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			errs.waitViolation(t, tt.op, tt.subject)
+		})
+	}
+
+	if nc.IsClosed() || !nc.IsConnected() {
+		t.Errorf("after the violations: got connection status %v, want still connected", nc.Status())
+	}
+}
+
+func TestRequestWhoseReplyIsNotTheCallersInboxIsDroppedUnansweredAndCounted(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	const actor = "dropper"
+	ncA := callerConn(t, p, ownerA, actor)
+	ncB := callerConn(t, p, ownerB, "cli")
+	inboxB, err := ncB.SubscribeSync(subjects.InboxPrefix(ownerB, "cli") + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ncB.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	probe := subjects.GateKey(subjects.GateEndpointAuth, "probe")
+	authKV := "$KV." + subjects.AuthBucket(testSpace) + "." + probe
+
+	for _, tt := range []struct {
+		name  string
+		reply string
+	}{
+		{"another principal's inbox", subjects.InboxPrefix(ownerB, "cli") + ".stolen"},
+		{"an inbox of its owner's other actor", subjects.InboxPrefix(ownerA, "cli") + ".x"},
+		{"an inbox whose actor extends its own", subjects.InboxPrefix(ownerA, actor) + "X.y"},
+		{"its inbox prefix with no token after it", subjects.InboxPrefix(ownerA, actor)},
+		{"a key of the fences bucket", authKV},
+		{"the JetStream API", "$JS.API.STREAM.DELETE.KV_" + subjects.AuthBucket(testSpace)},
+		{"a plane subject", subjects.EndpointSubject(testSpace, subjects.EndpointSupervisorEnd, ownerB, "cli")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, endpoint := range []string{subjects.EndpointManagerAuthority, subjects.EndpointSupervisorEnd} {
+				before := counters(t, ncA, endpoint)
+				if err := ncA.PublishRequest(subjects.EndpointSubject(testSpace, endpoint, ownerA, actor), tt.reply, []byte("{}")); err != nil {
+					t.Fatal(err)
+				}
+				checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+					now := counters(t, ncA, endpoint)
+					if now.Dropped != before.Dropped+1 {
+						return fmt.Errorf("%s data.dropped: got %d, want %d", endpoint, now.Dropped, before.Dropped+1)
+					}
+					return nil
+				})
+				if now := counters(t, ncA, endpoint); now.Errors != before.Errors {
+					t.Errorf("%s num_errors: got %d, want %d (a dropped request is not answered)", endpoint, now.Errors, before.Errors)
+				}
+			}
+		})
+	}
+
+	if m, err := inboxB.NextMsg(200 * time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Errorf("B's inbox: got message %v (err %v), want nothing", m, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.Stores().Auth.Get(ctx, probe); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("fences bucket %s after requests aimed at it: got %v, want store.ErrNotFound", probe, err)
+	}
+	if _, err := p.Stores().JetStream().Stream(ctx, "KV_"+subjects.AuthBucket(testSpace)); err != nil {
+		t.Errorf("fences stream after a request aimed at its delete: %v, want it intact", err)
+	}
+	// Dropped requests are counted, not audited.
+	subject := subjects.AuditSubject(testSpace, "refused", ownerA, actor)
+	if rec, err := p.Stores().LastRecord(ctx, subjects.AuditStream(testSpace), subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("audit %s after dropped requests: got %q (err %v), want no record", subject, rec, err)
+	}
+}
+
+func TestBrokerRefusesThePlanesServingIdentityOutsideInboxes(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	errs := &asyncErrors{}
+	nc := dataUserConn(t, p, "test.serving", subjects.ServingGrant(testSpace), errs)
+
+	t.Run("its JWT has no response permission and publishes only into inboxes", func(t *testing.T) {
+		m := p.Material()
+		iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		token, err := iss.Sign(mint.User{Name: "test.serving", Key: pub, Grant: subjects.ServingGrant(testSpace), Expires: time.Now().Add(time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uc, err := jwt.DecodeUserClaims(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uc.Resp != nil {
+			t.Errorf("serving JWT: got response permission %+v, want none", uc.Resp)
+		}
+		if got := uc.Pub.Allow; len(got) != 1 || got[0] != "_INBOX.>" {
+			t.Errorf("serving JWT publish allow: got %v, want [_INBOX.>]", got)
+		}
+	})
+
+	for _, subject := range []string{
+		"$KV." + subjects.AuthBucket(testSpace) + ".x",
+		"$KV." + subjects.ActorsBucket(testSpace) + "." + subjects.ActorKey(ownerA, "cli"),
+		"$JS.API.STREAM.LIST",
+		"$JS.API.STREAM.PURGE.KV_" + subjects.AuthBucket(testSpace),
+		"$SYS.REQ.SERVER.PING",
+		subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "cli"),
+		subjects.AuditSubject(testSpace, "refused", ownerA, "cli"),
+	} {
+		t.Run("publishing to "+subject+" is a permissions violation", func(t *testing.T) {
+			if err := nc.Publish(subject, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			errs.waitViolation(t, "Publish", subject)
+		})
+	}
+
+	t.Run("publishing into a caller's inbox is allowed", func(t *testing.T) {
+		caller := callerConn(t, p, ownerB, "cli")
+		sub, err := caller.SubscribeSync(subjects.InboxPrefix(ownerB, "cli") + ".>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := caller.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish(subjects.InboxPrefix(ownerB, "cli")+".x", []byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sub.NextMsg(3 * time.Second); err != nil {
+			t.Errorf("caller's inbox: got %v, want the serving user's message", err)
+		}
+	})
+}
+
+func TestNoMintedCredentialCanCreateWriteOrPurgeAStream(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	streamsBefore := streamNames(ctx, t, p)
+
+	t.Run("a caller credential", func(t *testing.T) {
+		errs := &asyncErrors{}
+		nc := callerConn(t, p, ownerA, "cli", errs.option())
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer ccancel()
+		if _, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"}}); err == nil {
+			t.Errorf("caller CreateStream: got success, want a refusal")
+		}
+		errs.waitViolation(t, "Publish", "$JS.API.STREAM.CREATE.EVIL")
+
+		kvSubject := "$KV." + subjects.AuthBucket(testSpace) + ".epgate.auth.evil"
+		if _, err := nc.Request(kvSubject, []byte("{}"), 500*time.Millisecond); err == nil {
+			t.Errorf("caller KV put on %s: got an answer, want none", kvSubject)
+		}
+		errs.waitViolation(t, "Publish", kvSubject)
+
+		purge := "$JS.API.STREAM.PURGE.KV_" + subjects.AuthBucket(testSpace)
+		if err := nc.Publish(purge, nil); err != nil {
+			t.Fatal(err)
+		}
+		errs.waitViolation(t, "Publish", purge)
+	})
+
+	t.Run("an unrestricted data-account user, because the data account has no JetStream", func(t *testing.T) {
+		errs := &asyncErrors{}
+		nc := dataUserConn(t, p, "test.everything", subjects.Grant{Pub: []string{">"}, Sub: []string{">"}}, errs)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
+		_, err = js.AccountInfo(cctx)
+		if !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) && !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+			t.Errorf("data-account AccountInfo: got %v, want JetStream not enabled for the account", err)
+		}
+		if _, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"}}); err == nil {
+			t.Errorf("data-account CreateStream: got success, want a refusal")
+		}
+		kvSubject := "$KV." + subjects.AuthBucket(testSpace) + ".epgate.auth.evil"
+		if _, err := nc.Request(kvSubject, []byte("{}"), 500*time.Millisecond); err == nil {
+			t.Errorf("data-account KV put on %s: got an answer, want none", kvSubject)
+		}
+		if all := errs.all(); len(all) > 0 {
+			t.Logf("async errors of the unrestricted user: %v", all)
+		}
+	})
+
+	if _, err := p.Stores().Auth.Get(ctx, "epgate.auth.evil"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("fences bucket epgate.auth.evil: got %v, want store.ErrNotFound", err)
+	}
+	if after := streamNames(ctx, t, p); len(after) != len(streamsBefore) {
+		t.Errorf("plane account streams: got %v, want %v", after, streamsBefore)
+	}
+}
+
+// streamNames lists the plane account's streams.
+func streamNames(ctx context.Context, t *testing.T, p *service.Plane) []string {
+	t.Helper()
+	var names []string
+	l := p.Stores().JetStream().StreamNames(ctx)
+	for n := range l.Name() {
+		names = append(names, n)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("list streams: %v", err)
+	}
+	return names
+}

@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/internal/records"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// unimplementedEndpoints lists the endpoints whose capability has not landed yet, with a
+// request each: they answer `unimplemented` (501). Remove an endpoint's row when it lands
+// (manager-authority has).
+var unimplementedEndpoints = []struct {
+	endpoint string
+	body     string
+}{
+	{subjects.EndpointRunRevoke, `{}`},
+	{subjects.EndpointSupervisorAssign, `{}`},
+	{subjects.EndpointSupervisorAuthority, `{}`},
+	{subjects.EndpointSupervisorEnd, `{}`},
+}
+
+// wireError is a refusal body, decoded strictly.
+type wireError struct {
+	Error struct {
+		Code    string          `json:"code"`
+		Message string          `json:"message"`
+		Details json.RawMessage `json:"details,omitempty"`
+	} `json:"error"`
+}
+
+// refusal checks msg is a micro error with code and numeric, in both headers and the body,
+// and returns the body's message.
+func refusal(t *testing.T, msg *nats.Msg, code string, numeric string) string {
+	t.Helper()
+	if got := msg.Header.Get("Nats-Service-Error-Code"); got != numeric {
+		t.Errorf("Nats-Service-Error-Code: got %q, want %q", got, numeric)
+	}
+	if got := msg.Header.Get("Nats-Service-Error"); !strings.HasPrefix(got, code+": ") {
+		t.Errorf("Nats-Service-Error: got %q, want it to start %q", got, code+": ")
+	}
+	var w wireError
+	dec := json.NewDecoder(bytes.NewReader(msg.Data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		t.Fatalf("refusal body %q: %v", msg.Data, err)
+	}
+	if w.Error.Code != code {
+		t.Errorf("refusal body code: got %q, want %q", w.Error.Code, code)
+	}
+	if w.Error.Message == "" {
+		t.Errorf("refusal body %s: got an empty message, want one", msg.Data)
+	}
+	if got := msg.Header.Get("Nats-Service-Error"); got != code+": "+w.Error.Message {
+		t.Errorf("Nats-Service-Error: got %q, want %q (code and the body's message)", got, code+": "+w.Error.Message)
+	}
+	return w.Error.Message
+}
+
+func TestEndpointsNotLandedAnswerUnimplementedAndAuditTheRefusal(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	for _, tt := range unimplementedEndpoints {
+		t.Run(tt.endpoint, func(t *testing.T) {
+			t.Parallel()
+			actor := "cli_" + strings.ReplaceAll(tt.endpoint, "-", "_")
+			nc := callerConn(t, p, ownerA, actor)
+			msg, err := nc.Request(subjects.EndpointSubject(testSpace, tt.endpoint, ownerA, actor), []byte(tt.body), 5*time.Second)
+			if err != nil {
+				t.Fatalf("request %s: %v", tt.endpoint, err)
+			}
+			refusal(t, msg, "unimplemented", "501")
+
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			subject := subjects.AuditSubject(testSpace, records.Refused, ownerA, actor)
+			raw, err := p.Stores().LastRecord(ctx, subjects.AuditStream(testSpace), subject)
+			if err != nil {
+				t.Fatalf("audit record on %s: %v", subject, err)
+			}
+			var rec records.Decision
+			if err := json.Unmarshal(raw, &rec); err != nil {
+				t.Fatalf("audit record %q: %v", raw, err)
+			}
+			want := records.Decision{V: 1, Decision: records.Refused, Code: "unimplemented",
+				Request: records.Request{Endpoint: tt.endpoint, Caller: subjects.Principal(ownerA, actor)}}
+			got := rec
+			got.Message, got.At = "", 0
+			if !jsonEqual(got, want) {
+				t.Errorf("audit record: got %s, want %+v with a message and a time", raw, want)
+			}
+			if rec.Message == "" || rec.At == 0 {
+				t.Errorf("audit record %s: want a message and a time", raw)
+			}
+		})
+	}
+}
+
+func jsonEqual(a, b any) bool {
+	x, errX := json.Marshal(a)
+	y, errY := json.Marshal(b)
+	return errX == nil && errY == nil && bytes.Equal(x, y)
+}
+
+func TestRateLimitRefusesAFloodingPrincipalWhileOthersAreServed(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.Rate, c.Burst = 1, 2 })
+	// Any endpoint: the limit answers before the handler. `{}` is refused by every handler, so
+	// each served request leaves exactly one `refused` record.
+	endpoint := subjects.EndpointSupervisorEnd
+	const actor = "flood"
+	ncA := callerConn(t, p, ownerA, actor)
+	ncB := callerConn(t, p, ownerB, "cli")
+	request := func(nc *nats.Conn, owner, actor string) *nats.Msg {
+		t.Helper()
+		msg, err := nc.Request(subjects.EndpointSubject(testSpace, endpoint, owner, actor), []byte("{}"), 5*time.Second)
+		if err != nil {
+			t.Fatalf("request as %s: %v", subjects.Principal(owner, actor), err)
+		}
+		return msg
+	}
+
+	served := func(msg *nats.Msg) bool {
+		code := msg.Header.Get("Nats-Service-Error-Code")
+		return code != "429" && code != "503"
+	}
+	for i := 1; i <= 2; i++ {
+		if msg := request(ncA, ownerA, actor); !served(msg) {
+			t.Errorf("request %d of the burst: got %q, want it served by the endpoint", i, msg.Header.Get("Nats-Service-Error"))
+		}
+	}
+	refusal(t, request(ncA, ownerA, actor), "resource-exhausted", "429")
+	if msg := request(ncB, ownerB, "cli"); !served(msg) {
+		t.Errorf("another principal during the flood: got %q, want it served by the endpoint", msg.Header.Get("Nats-Service-Error"))
+	}
+
+	if c := counters(t, ncB, endpoint); c.Throttled != 1 {
+		t.Errorf("%s data.throttled: got %d, want 1", endpoint, c.Throttled)
+	}
+	// Throttled requests are counted, not audited: only the two served ones left a record.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	subject := subjects.AuditSubject(testSpace, records.Refused, ownerA, actor)
+	st, err := p.Stores().JetStream().Stream(ctx, subjects.AuditStream(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.State.Subjects[subject]; got != 2 {
+		t.Errorf("audit records on %s: got %d, want 2 (the throttled request is not audited)", subject, got)
+	}
+}

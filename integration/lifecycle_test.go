@@ -1,0 +1,394 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+func TestRestartOnTheSameDirReusesMaterialAndIdentityAndAdvancesTheEpoch(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	onDir := func(c *service.Config) { c.Dir = dir }
+
+	first := startPlane(t, onDir)
+	if !first.CreatedMaterial() {
+		t.Errorf("first start: got CreatedMaterial false, want true")
+	}
+	if got := first.Epoch(); got != 0 {
+		t.Errorf("first start: got epoch %d, want 0", got)
+	}
+	if !subjects.ValidUID(first.InstanceID()) {
+		t.Errorf("first start: got instance id %q, want [a-z0-9]{26,32}", first.InstanceID())
+	}
+	dataKey, iid := first.Material().Data.Public(), first.InstanceID()
+	checkPrivateFiles(t, dir)
+	closePlane(t, first)
+	if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Close: got stat %s error %v, want it removed", service.ServiceInfoFile, err)
+	}
+
+	for wantEpoch := uint64(1); wantEpoch <= 2; wantEpoch++ {
+		// A readiness file left by a crash must not survive the start.
+		stale := []byte(`{"ver":1,"url":"http://127.0.0.1:1","natsUrl":"nats://127.0.0.1:1","pid":1,"cap":"00"}`)
+		if err := os.WriteFile(filepath.Join(dir, service.ServiceInfoFile), stale, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := startPlane(t, onDir)
+		if info := readServiceInfo(t, dir, time.Second); info.PID != os.Getpid() || info.URL != p.HTTPURL() || info.NATSURL != p.NATSURL() {
+			t.Errorf("restart %d: got auth-service.json %+v, want this plane's pid %d, %s and %s", wantEpoch, info, os.Getpid(), p.HTTPURL(), p.NATSURL())
+		}
+		if p.CreatedMaterial() {
+			t.Errorf("restart %d: got CreatedMaterial true, want false", wantEpoch)
+		}
+		if got := p.Material().Data.Public(); got != dataKey {
+			t.Errorf("restart %d: got data account %s, want %s (the material of the first start)", wantEpoch, got, dataKey)
+		}
+		if got := p.InstanceID(); got != iid {
+			t.Errorf("restart %d: got instance id %s, want %s", wantEpoch, got, iid)
+		}
+		if got := p.Epoch(); got != wantEpoch {
+			t.Errorf("restart %d: got epoch %d, want %d", wantEpoch, got, wantEpoch)
+		}
+		info := serviceInfo(t, callerConn(t, p, ownerA, "cli"))
+		wantMeta := map[string]string{
+			"space": testSpace, "issuer": subjects.Issuer(testSpace), "instance": iid,
+			"epoch": strconv.FormatUint(wantEpoch, 10), "protocol": subjects.Protocol,
+		}
+		for k, want := range wantMeta {
+			if got := info.Metadata[k]; got != want {
+				t.Errorf("restart %d: got metadata %s=%q, want %q", wantEpoch, k, got, want)
+			}
+		}
+		closePlane(t, p)
+	}
+}
+
+// checkPrivateFiles checks that everything the plane wrote under dir is 0600 (files) or 0700
+// (directories), except the embedded broker's own store.
+func checkPrivateFiles(t *testing.T, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == "nats" && filepath.Dir(path) == dir {
+			return filepath.SkipDir // the broker's store: nats-server's own modes
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		want := fs.FileMode(0o600)
+		if d.IsDir() {
+			want = 0o700
+		}
+		if path != dir && fi.Mode().Perm() != want {
+			t.Errorf("%s: got mode %o, want %o", path, fi.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSecondStartOnADirInUseFailsNamingTheHolderPid(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := startPlane(t, func(c *service.Config) { c.Dir = dir })
+
+	cfg := testConfig(t)
+	cfg.Dir = dir
+	second, err := tryStart(t, cfg)
+	if err == nil {
+		closePlane(t, second)
+		t.Fatalf("second Start on %s: got a running plane, want an error", dir)
+	}
+	want := fmt.Sprintf("in use by pid %d", os.Getpid())
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("second Start: got error %q, want it to contain %q", err, want)
+	}
+	if !errors.Is(err, instance.ErrLocked) {
+		t.Errorf("second Start: got error %v, want errors.Is instance.ErrLocked", err)
+	}
+
+	// The refused start left the running plane alone: its readiness file and HTTP face stay.
+	if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); err != nil {
+		t.Errorf("after the refused start: %s: %v, want it kept", service.ServiceInfoFile, err)
+	}
+	resp, err := http.Get(p.HTTPURL() + "/health")
+	if err != nil {
+		t.Fatalf("GET /health after the refused start: %v", err)
+	}
+	if err := resp.Body.Close(); err != nil {
+		t.Error(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /health after the refused start: got %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestNewerRegistrationOfTheSameIdentityFencesTheOlderPlane(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirA })
+	if got := a.Epoch(); got != 0 {
+		t.Fatalf("plane A: got epoch %d, want 0", got)
+	}
+	idA := a.ServiceID()
+
+	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
+	registered := time.Now()
+	if b.InstanceID() != a.InstanceID() {
+		t.Fatalf("plane B: got instance %s, want A's %s (the copied identity)", b.InstanceID(), a.InstanceID())
+	}
+	if got := b.Epoch(); got != 1 {
+		t.Errorf("plane B: got epoch %d, want 1", got)
+	}
+
+	select {
+	case <-a.Done():
+		t.Logf("plane A stopped %s after B registered", time.Since(registered).Round(time.Millisecond))
+	case <-time.After(3 * time.Second):
+		t.Fatalf("plane A still running 3s after B registered epoch 1, want it stopped within a second")
+	}
+	if elapsed := time.Since(registered); elapsed > time.Second {
+		t.Errorf("plane A stopped %s after B registered, want within 1s", elapsed)
+	}
+	if err := a.Err(); !errors.Is(err, service.ErrFenced) {
+		t.Errorf("plane A: got Err %v, want service.ErrFenced", err)
+	}
+
+	nc := callerConn(t, b, ownerA, "cli")
+	var ids []string
+	for _, m := range collect(t, nc, "$SRV.INFO."+subjects.ServiceName, nil, 500*time.Millisecond) {
+		var info micro.Info
+		if err := json.Unmarshal(m.Data, &info); err != nil {
+			t.Fatalf("decode $SRV.INFO answer %q: %v", m.Data, err)
+		}
+		ids = append(ids, info.ID)
+		if info.Metadata["epoch"] != "1" {
+			t.Errorf("$SRV.INFO: got an answer at epoch %q, want only epoch 1", info.Metadata["epoch"])
+		}
+	}
+	if want := []string{b.ServiceID()}; !slices.Equal(ids, want) {
+		t.Errorf("$SRV.INFO answered by %v, want only B %v (A was %s)", ids, want, idA)
+	}
+
+	// B serves: a request reaches it and gets the endpoint's answer, not silence.
+	msg, err := nc.Request(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "cli"), []byte("{}"), 5*time.Second)
+	if err != nil {
+		t.Fatalf("request to B after the fence: %v", err)
+	}
+	if got := msg.Header.Get("Nats-Service-Error-Code"); got == "503" {
+		t.Errorf("request to B after the fence: got 503, want B serving")
+	}
+}
+
+func TestFencedPlaneAnswersARequestInFlightUnavailable(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	dirA := t.TempDir()
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	a := startPlane(t, func(c *service.Config) {
+		againstStandalone(s)(c)
+		c.Dir = dirA
+		c.Hooks = &service.Hooks{BeforeCommit: func() {
+			once.Do(func() {
+				close(reached)
+				<-release
+			})
+		}}
+	})
+	grant(t, a, ownerA, "cli", "supervise")
+	cli := callerConn(t, a, ownerA, "cli")
+	result := make(chan outcome, 1)
+	go func() {
+		result <- askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, newManagerKeys(t).body(t, "prepare", "cli"))
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the prepare never reached its commit")
+	}
+
+	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirB := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
+	select {
+	case <-a.Done():
+	case <-time.After(3 * time.Second):
+		close(release)
+		t.Fatal("plane A still running 3s after B registered, want it fenced")
+	}
+	close(release)
+
+	o := <-result
+	if o.code != "unavailable" || o.numeric != "503" {
+		t.Errorf("the request in flight at the fence: got %q %q %q, want unavailable 503", o.code, o.numeric, o.message)
+	}
+	if len(o.material.Credentials) != 0 {
+		t.Errorf("the request in flight at the fence: got %d credentials, want none", len(o.material.Credentials))
+	}
+}
+
+func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
+	t.Parallel()
+	auth := "KV_" + subjects.AuthBucket(testSpace)
+	audit := subjects.AuditStream(testSpace)
+	tests := []struct {
+		name   string
+		stream string
+		edit   func(*jetstream.StreamConfig)
+		fields []string
+	}{
+		{"direct reads on the fences", auth, func(c *jetstream.StreamConfig) { c.AllowDirect = true }, []string{"allow_direct"}},
+		{"purge allowed on the fences", auth, func(c *jetstream.StreamConfig) { c.DenyPurge = false }, []string{"deny_purge"}},
+		{"direct reads and purge on the fences", auth, func(c *jetstream.StreamConfig) { c.AllowDirect, c.DenyPurge = true, false }, []string{"allow_direct", "deny_purge"}},
+		{"rollups, deletes and purges on the audit stream", audit, func(c *jetstream.StreamConfig) {
+			c.AllowRollup, c.DenyDelete, c.DenyPurge = true, false, false
+		}, []string{"allow_rollup_hdrs", "deny_delete", "deny_purge"}},
+		{"a write-once bucket that overwrites", "KV_" + subjects.AcceptedBucket(testSpace), func(c *jetstream.StreamConfig) {
+			c.Discard, c.DiscardNewPerSubject = jetstream.DiscardOld, false
+		}, []string{"discard", "discard_new_per_subject"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := startStandalone(t, testSpace)
+			var cfg jetstream.StreamConfig
+			for _, spec := range store.Specs(testSpace, store.Options{}) {
+				if spec.Config.Name == tt.stream {
+					cfg = spec.Config
+				}
+			}
+			if cfg.Name == "" {
+				t.Fatalf("no spec for stream %s", tt.stream)
+			}
+			tt.edit(&cfg)
+			nc, err := service.ConnectPlaneAccount(s.material, s.URL(), "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				t.Fatalf("pre-create %s: %v", tt.stream, err)
+			}
+
+			start := testConfig(t)
+			againstStandalone(s)(&start)
+			p, err := tryStart(t, start)
+			if err == nil {
+				closePlane(t, p)
+				t.Fatalf("Start on a misconfigured %s: got a running plane, want store.ErrMisconfigured", tt.stream)
+			}
+			if !errors.Is(err, store.ErrMisconfigured) {
+				t.Errorf("Start: got error %v, want errors.Is store.ErrMisconfigured", err)
+			}
+			for _, want := range append([]string{tt.stream}, tt.fields...) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Start: got error %q, want it to name %q", err, want)
+				}
+			}
+			// The refused start released the state dir and served nothing.
+			if _, err := os.Stat(filepath.Join(start.Dir, service.ServiceInfoFile)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("after the refused start: stat %s: %v, want no readiness file", service.ServiceInfoFile, err)
+			}
+			lock, err := instance.Acquire(start.Dir)
+			if err != nil {
+				t.Errorf("after the refused start: %v, want the state dir free", err)
+			} else if err := lock.Release(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestInitConfigIsAcceptedByNATSServerAndAPlaneServesOnIt(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	if !s.srv.JetStreamEnabled() {
+		t.Errorf("nats-server from init's config: got JetStream off, want on")
+	}
+	p := startPlane(t, againstStandalone(s))
+	if p.CreatedMaterial() {
+		t.Errorf("plane on init's material: got CreatedMaterial true, want false")
+	}
+	if got, want := p.Material().Data.Public(), s.material.Data.Public(); got != want {
+		t.Errorf("plane on init's material: got data account %s, want %s", got, want)
+	}
+	nc := callerConn(t, p, ownerA, "cli")
+	info := serviceInfo(t, nc)
+	if info.ID != p.ServiceID() {
+		t.Errorf("$SRV.INFO: got service %s, want %s", info.ID, p.ServiceID())
+	}
+	checkFiveEndpoints(t, info, 2)
+}
+
+// checkFiveEndpoints checks info lists each of the five endpoints exactly copies times, on
+// its subject, in the plane's queue group.
+func checkFiveEndpoints(t *testing.T, info micro.Info, copies int) {
+	t.Helper()
+	if info.Name != subjects.ServiceName || info.Version != service.Version {
+		t.Errorf("$SRV.INFO: got %s %s, want %s %s", info.Name, info.Version, subjects.ServiceName, service.Version)
+	}
+	count := map[string]int{}
+	for _, e := range info.Endpoints {
+		count[e.Name]++
+		wantSubject := subjects.AuthPrefix(info.Metadata["space"]) + "." + subjects.EndpointPattern(e.Name)
+		if e.Subject != wantSubject {
+			t.Errorf("endpoint %s: got subject %q, want %q", e.Name, e.Subject, wantSubject)
+		}
+		if e.QueueGroup != subjects.QueueGroup {
+			t.Errorf("endpoint %s: got queue group %q, want %q", e.Name, e.QueueGroup, subjects.QueueGroup)
+		}
+	}
+	want := map[string]int{}
+	for _, e := range subjects.Endpoints {
+		want[e] = copies
+	}
+	if fmt.Sprint(count) != fmt.Sprint(want) {
+		t.Errorf("$SRV.INFO endpoints: got %v, want %v", count, want)
+	}
+}
