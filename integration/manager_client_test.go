@@ -251,3 +251,4 @@ func gateRevision(t testing.TB, p *service.Plane, iid string) uint64 {
 	}
 	return e.Revision
 }
+

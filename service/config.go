@@ -130,8 +130,8 @@ func (c Config) Validate() error {
 	if c.RequestTimeout < 100*time.Millisecond || c.RequestTimeout > time.Minute {
 		bad("--request-timeout %s: want 100ms to 1m", c.RequestTimeout)
 	}
-	if c.PlaneUserTTL < 30*time.Second || c.PlaneUserTTL > 24*time.Hour {
-		bad("--plane-user-ttl %s: want 30s to 24h", c.PlaneUserTTL)
+	if c.PlaneUserTTL < 10*time.Second || c.PlaneUserTTL > 24*time.Hour {
+		bad("--plane-user-ttl %s: want 10s to 24h", c.PlaneUserTTL)
 	}
 	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
 		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)
