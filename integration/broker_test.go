@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -318,6 +321,32 @@ func TestNoMintedCredentialCanCreateWriteOrPurgeAStream(t *testing.T) {
 		}
 	})
 
+	t.Run("a caller's run-start reaches the witness, which sends no ack", func(t *testing.T) {
+		nc := callerConn(t, p, ownerA, "cli")
+		witness, err := p.Stores().JetStream().Stream(ctx, subjects.WitnessStream(testSpace))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, err := witness.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runStart := "cotal." + testSpace + ".ep.v1.one.manager.run-start." + ownerA + ".cli.uid.1.nonce"
+		if msg, err := nc.Request(runStart, []byte("{}"), 300*time.Millisecond); err == nil {
+			t.Errorf("run-start request: got answer %q, want none (the witness has no acks)", msg.Data)
+		}
+		checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+			after, err := witness.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if after.State.Msgs != before.State.Msgs+1 {
+				return fmt.Errorf("witness messages: got %d, want %d", after.State.Msgs, before.State.Msgs+1)
+			}
+			return nil
+		})
+	})
+
 	if _, err := p.Stores().Auth.Get(ctx, "epgate.auth.evil"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("fences bucket epgate.auth.evil: got %v, want store.ErrNotFound", err)
 	}
@@ -338,4 +367,116 @@ func streamNames(ctx context.Context, t *testing.T, p *service.Plane) []string {
 		t.Fatalf("list streams: %v", err)
 	}
 	return names
+}
+
+// TestEveryAccountSignerOfTheSpaceMaterialSignsUsersTheBrokerAccepts: the plane mints users in
+// all four accounts (data: callers and duties; plane: its stores; system: revocation pushes
+// and connection listings; callout: the callout's own fixed user), so each account's Signer
+// in the space material must sign user JWTs the broker accepts.
+func TestEveryAccountSignerOfTheSpaceMaterialSignsUsersTheBrokerAccepts(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	m := p.Material()
+	grant := subjects.Grant{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}
+	tests := []struct {
+		name    string
+		account space.Account
+		user    nkeys.KeyPair // nil: a fresh user key
+	}{
+		{"data", m.Data, nil},
+		{"plane", m.Plane, nil},
+		{"system", m.System, nil},
+		// The callout's own user, listed in auth_users, so the broker skips the callout for it.
+		{"callout", m.Callout, m.CalloutUser},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			iss, err := mint.NewIssuer(tt.account.Public(), tt.account.Signer, time.Now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kp := tt.user
+			if kp == nil {
+				if kp, err = nkeys.CreateUser(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pub, err := kp.PublicKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			token, err := iss.Sign(mint.User{Name: "test." + tt.name, Key: pub, Grant: grant, Expires: time.Now().Add(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc, err := nats.Connect(p.NATSURL(), nats.UserJWT(
+				func() (string, error) { return token, nil },
+				func(nonce []byte) ([]byte, error) { return kp.Sign(nonce) },
+			), nats.MaxReconnects(0), nats.Timeout(5*time.Second))
+			if err != nil {
+				t.Fatalf("connect as a %s-account user signed by the material's %s signer: %v, want accepted", tt.name, tt.name, err)
+			}
+			nc.Close()
+		})
+	}
+}
+
+// TestThePlanesOwnConnectionsHaveLeastPrivilege reads the JWTs the plane's own connections
+// presented from the broker (a server the test runs, so no system user is needed).
+func TestThePlanesOwnConnectionsHaveLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	p := startPlane(t, againstStandalone(s))
+	m := p.Material()
+	connz, err := s.srv.Connz(&server.ConnzOptions{Username: true, Limit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		role    string
+		account string
+		grant   subjects.Grant
+	}{
+		{"serving", m.Data.Public(), subjects.ServingGrant(testSpace)},
+		{"store", m.Plane.Public(), subjects.StoreGrant(testSpace)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.role, func(t *testing.T) {
+			name := "authplane " + tt.role + " " + p.InstanceID()
+			found := 0
+			for _, c := range connz.Conns {
+				if c.Name != name {
+					continue
+				}
+				found++
+				if c.Account != tt.account {
+					t.Errorf("account: got %s, want %s", c.Account, tt.account)
+				}
+				uc, err := jwt.DecodeUserClaims(c.JWT)
+				if err != nil {
+					t.Fatalf("the %s connection's JWT: %v", tt.role, err)
+				}
+				if want := "plane." + tt.role + "_" + p.InstanceID(); uc.Name != want {
+					t.Errorf("JWT name: got %q, want %q", uc.Name, want)
+				}
+				if uc.IssuerAccount != tt.account {
+					t.Errorf("JWT issuer account: got %q, want %q (signed with the account's signing key)", uc.IssuerAccount, tt.account)
+				}
+				if !slices.Equal(uc.Pub.Allow, tt.grant.Pub) || !slices.Equal(uc.Sub.Allow, tt.grant.Sub) {
+					t.Errorf("JWT permissions: got pub %v sub %v, want pub %v sub %v", uc.Pub.Allow, uc.Sub.Allow, tt.grant.Pub, tt.grant.Sub)
+				}
+				if len(uc.Pub.Deny) != 0 || len(uc.Sub.Deny) != 0 || uc.Resp != nil {
+					t.Errorf("JWT: got deny lists %v %v and response permission %+v, want none", uc.Pub.Deny, uc.Sub.Deny, uc.Resp)
+				}
+				if life := time.Duration(uc.Expires-uc.IssuedAt) * time.Second; uc.Expires == 0 || life > time.Hour {
+					t.Errorf("JWT lifetime: got %s, want short-lived (the default --plane-user-ttl is 1h)", life)
+				}
+			}
+			if found != 1 {
+				t.Errorf("connections named %q: got %d, want 1", name, found)
+			}
+		})
+	}
 }

@@ -112,6 +112,30 @@ func checkPrivateFiles(t *testing.T, dir string) {
 	}
 }
 
+func TestStartRefusesABadConfigurationNamingEveryFlag(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Space = "Bad Space"
+	cfg.NATSURL = "not a url"
+	cfg.Replicas = 2
+	cfg.Workers = 0
+	cfg.RequestTimeout = time.Millisecond
+	cfg.StandingTTL = time.Second
+	p, err := tryStart(t, cfg)
+	if err == nil {
+		closePlane(t, p)
+		t.Fatal("Start with a bad configuration: got a running plane, want an error")
+	}
+	for _, flag := range []string{"--space", "--nats-url", "--replicas", "--workers", "--request-timeout", "--standing-ttl"} {
+		if !strings.Contains(err.Error(), flag+" ") {
+			t.Errorf("Start: got error %q, want it to name %s", err, flag)
+		}
+	}
+	if entries, rerr := os.ReadDir(cfg.Dir); rerr != nil || len(entries) != 0 {
+		t.Errorf("after the refused start: state dir holds %v (%v), want nothing written", entries, rerr)
+	}
+}
+
 func TestSecondStartOnADirInUseFailsNamingTheHolderPid(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
