@@ -251,4 +251,3 @@ func gateRevision(t testing.TB, p *service.Plane, iid string) uint64 {
 	}
 	return e.Revision
 }
-

@@ -82,7 +82,7 @@ type Plane struct {
 
 // Start brings the plane up in the order DESIGN §3 and §6.7 give; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
-func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -92,11 +92,10 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	plane := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
-	p = plane
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, plane.teardown())
+			err = errors.Join(err, p.teardown())
 		}
 	}()
 
@@ -159,7 +158,7 @@ func Start(ctx context.Context, cfg Config) (p *Plane, err error) {
 	p.bg.Add(1)
 	go func() {
 		defer p.bg.Done()
-		if err := instance.Watch(bg, p.stores.Auth, p.gate); err != nil {
+		if err := instance.Watch(bg, p.stores.Auth, p.gate); err != nil && bg.Err() == nil {
 			p.fence(err)
 		}
 	}()

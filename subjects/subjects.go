@@ -63,7 +63,7 @@ func ParseEndpointSubject(space, subject string) (endpoint, owner, actor string,
 		return "", "", "", false
 	}
 	parts := strings.Split(rest, ".")
-	if len(parts) != 3 || !ValidOwner(parts[1]) || !ValidActor(parts[2]) {
+	if len(parts) != 3 || parts[0] == "" || !ValidOwner(parts[1]) || !ValidActor(parts[2]) {
 		return "", "", "", false
 	}
 	return parts[0], parts[1], parts[2], true

@@ -150,7 +150,7 @@ func walkValue(dec *json.Decoder, t reflect.Type, path string) error {
 		return nil
 	}
 	if !isDelim {
-		return nil // a scalar; its type is checked by unmarshal
+		return checkScalar(tok, t, path)
 	}
 	switch {
 	case delim == '{' && (t.Kind() == reflect.Struct || t.Kind() == reflect.Map && t.Key().Kind() == reflect.String):
@@ -168,6 +168,38 @@ func walkValue(dec *json.Decoder, t reflect.Type, path string) error {
 		return fault.Field(path, "want %s, got an object", kindName(t))
 	}
 	return fault.Field(path, "want %s, got an array", kindName(t))
+}
+
+// checkScalar refuses a scalar token that t cannot hold, naming the field with its index
+// (encoding/json's own type errors drop array indexes).
+func checkScalar(tok json.Token, t reflect.Type, path string) error {
+	want := kindName(t)
+	switch v := tok.(type) {
+	case string:
+		if t.Kind() != reflect.String {
+			return fault.Field(path, "want %s, got a string", want)
+		}
+	case bool:
+		if t.Kind() != reflect.Bool {
+			return fault.Field(path, "want %s, got a boolean", want)
+		}
+	case json.Number:
+		var err error
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			_, err = strconv.ParseInt(v.String(), 10, t.Bits())
+		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			_, err = strconv.ParseUint(v.String(), 10, t.Bits())
+		case reflect.Float32, reflect.Float64:
+			_, err = strconv.ParseFloat(v.String(), t.Bits())
+		default:
+			return fault.Field(path, "want %s, got a number", want)
+		}
+		if err != nil {
+			return fault.Field(path, "want %s, got the number %s", want, v)
+		}
+	}
+	return nil
 }
 
 // skip consumes the rest of an object or array whose opening delimiter was just read.
@@ -191,7 +223,8 @@ func skip(dec *json.Decoder) error {
 	return nil
 }
 
-// jsonFields maps each JSON key of struct type t to its field's type.
+// jsonFields maps each JSON key of struct type t to its field's type, with the fields of
+// untagged embedded structs promoted as encoding/json promotes them.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	if t.Kind() != reflect.Struct {
@@ -199,11 +232,20 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 	}
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if !f.IsExported() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			for k, v := range jsonFields(ft) {
+				if _, shadowed := out[k]; !shadowed {
+					out[k] = v
+				}
+			}
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
+		if !f.IsExported() || name == "-" {
 			continue
 		}
 		if name == "" {

@@ -112,7 +112,7 @@ func TestDecodeRefusesAnythingButAClosedBodyNamingTheField(t *testing.T) {
 		{"overflow of an unsigned", `{"count":4294967296}`, "count"},
 		{"overflow of a uint64", `{"epoch":18446744073709551616}`, "epoch"},
 		{"wrong type nested", `{"identities":{"serve":{"id":7}}}`, "identities.serve.id"},
-		{"wrong type in a map", `{"meta":{"a":1}}`, "meta"},
+		{"wrong type in a map", `{"meta":{"a":1}}`, "meta.a"},
 		{"not JSON", `{"v":`, ""},
 		{"not JSON at all", `hello`, ""},
 		{"empty", ``, ""},

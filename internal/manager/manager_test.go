@@ -38,7 +38,8 @@ func TestIdentitiesDigestDependsOnWhichKeyHoldsWhichDuty(t *testing.T) {
 	if IdentitiesDigest(ids) == IdentitiesDigest(swapped) {
 		t.Fatal("swapping two duties' keys kept the digest; a proof would then mint serve rights for the goal writer's key")
 	}
-	if IdentitiesDigest(ids) != IdentitiesDigest(ids) {
+	again := ids
+	if IdentitiesDigest(ids) != IdentitiesDigest(again) {
 		t.Fatal("the digest is not deterministic")
 	}
 }

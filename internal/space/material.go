@@ -28,17 +28,20 @@ const (
 	operatorSeedFile    = "operator.nk"
 	operatorSignerFile  = "operator-signing.nk"
 	systemSeedFile      = "system.nk"
+	systemSignerFile    = "system-signing.nk"
 	dataSeedFile        = "data.nk"
 	dataSignerFile      = "data-signing.nk"
 	planeSeedFile       = "plane.nk"
 	planeSignerFile     = "plane-signing.nk"
 	calloutSeedFile     = "callout.nk"
+	calloutSignerFile   = "callout-signing.nk"
 	calloutXKeyFile     = "callout-xkey.nk"
 	calloutUserSeedFile = "callout-user.nk"
 )
 
-// Account is one account of the space: its identity key, the key its users are signed with
-// (a signing key for the data and plane accounts, the identity key otherwise) and its JWT.
+// Account is one account of the space: its identity key, the signing key its users are signed
+// with (unscoped: a scoped key would override the users' permissions), and its JWT. The
+// operator enforces strict signing-key usage, so no user is ever signed by an identity key.
 type Account struct {
 	Name   string
 	Key    nkeys.KeyPair
@@ -172,17 +175,15 @@ func generate(space string) (*Material, error) {
 	}
 	m.Operator = pair(nkeys.CreateOperator)
 	m.OperatorSigner = pair(nkeys.CreateOperator)
-	m.System = Account{Name: "SYS", Key: pair(nkeys.CreateAccount)}
+	m.System = Account{Name: "SYS", Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
 	m.Data = Account{Name: subjects.DataAccountName(space), Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
 	m.Plane = Account{Name: "cotal_plane_" + space, Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
-	m.Callout = Account{Name: "cotal_callout_" + space, Key: pair(nkeys.CreateAccount)}
+	m.Callout = Account{Name: "cotal_callout_" + space, Key: pair(nkeys.CreateAccount), Signer: pair(nkeys.CreateAccount)}
 	m.CalloutXKey = pair(nkeys.CreateCurveKeys)
 	m.CalloutUser = pair(nkeys.CreateUser)
 	if err != nil {
 		return nil, fmt.Errorf("generate keys: %w", err)
 	}
-	m.System.Signer = m.System.Key
-	m.Callout.Signer = m.Callout.Key
 
 	m.OwnerSecret = make([]byte, 32)
 	if _, err := rand.Read(m.OwnerSecret); err != nil {
@@ -215,8 +216,7 @@ func NewBearerKey() (jose.JSONWebKey, error) {
 
 // signJWTs issues the operator and account JWTs (DESIGN §3).
 func (m *Material) signJWTs() error {
-	opPub, _ := m.Operator.PublicKey()
-	opSigner, _ := m.OperatorSigner.PublicKey()
+	opPub, opSigner := mustPublic(m.Operator), mustPublic(m.OperatorSigner)
 	sysPub := m.System.Public()
 	dataPub := m.Data.Public()
 
@@ -232,6 +232,7 @@ func (m *Material) signJWTs() error {
 
 	sys := jwt.NewAccountClaims(sysPub)
 	sys.Name = m.System.Name
+	sys.SigningKeys.Add(mustPublic(m.System.Signer))
 	sys.Exports = jwt.Exports{
 		&jwt.Export{Name: "account-monitoring-services", Subject: "$SYS.REQ.ACCOUNT.*.*", Type: jwt.Service, ResponseType: jwt.ResponseTypeStream, AccountTokenPosition: 4},
 		&jwt.Export{Name: "account-monitoring-streams", Subject: "$SYS.ACCOUNT.*.>", Type: jwt.Stream, AccountTokenPosition: 3},
@@ -256,6 +257,7 @@ func (m *Material) signJWTs() error {
 
 	callout := jwt.NewAccountClaims(m.Callout.Public())
 	callout.Name = m.Callout.Name
+	callout.SigningKeys.Add(mustPublic(m.Callout.Signer))
 	callout.Authorization = jwt.ExternalAuthorization{
 		AuthUsers:       jwt.StringList{mustPublic(m.CalloutUser)},
 		AllowedAccounts: jwt.StringList{dataPub},
@@ -318,11 +320,13 @@ func (m *Material) seeds() map[string]nkeys.KeyPair {
 	s := map[string]nkeys.KeyPair{
 		operatorSeedFile:    m.Operator,
 		systemSeedFile:      m.System.Key,
+		systemSignerFile:    m.System.Signer,
 		dataSeedFile:        m.Data.Key,
 		dataSignerFile:      m.Data.Signer,
 		planeSeedFile:       m.Plane.Key,
 		planeSignerFile:     m.Plane.Signer,
 		calloutSeedFile:     m.Callout.Key,
+		calloutSignerFile:   m.Callout.Signer,
 		calloutXKeyFile:     m.CalloutXKey,
 		calloutUserSeedFile: m.CalloutUser,
 	}
@@ -366,13 +370,12 @@ func Load(dir string) (*Material, error) {
 	}
 	m.Operator = seed(operatorSeedFile, true)
 	m.OperatorSigner = seed(operatorSignerFile, true)
-	m.System = Account{Name: "SYS", Key: seed(systemSeedFile, false), JWT: desc.Accounts["system"]}
+	m.System = Account{Name: "SYS", Key: seed(systemSeedFile, false), Signer: seed(systemSignerFile, false), JWT: desc.Accounts["system"]}
 	m.Data = Account{Name: subjects.DataAccountName(m.Space), Key: seed(dataSeedFile, false), Signer: seed(dataSignerFile, false), JWT: desc.Accounts["data"]}
 	m.Plane = Account{Name: "cotal_plane_" + m.Space, Key: seed(planeSeedFile, false), Signer: seed(planeSignerFile, false), JWT: desc.Accounts["plane"]}
-	m.Callout = Account{Name: "cotal_callout_" + m.Space, Key: seed(calloutSeedFile, false), JWT: desc.Accounts["callout"]}
+	m.Callout = Account{Name: "cotal_callout_" + m.Space, Key: seed(calloutSeedFile, false), Signer: seed(calloutSignerFile, false), JWT: desc.Accounts["callout"]}
 	m.CalloutXKey = seed(calloutXKeyFile, false)
 	m.CalloutUser = seed(calloutUserSeedFile, false)
-	m.System.Signer, m.Callout.Signer = m.System.Key, m.Callout.Key
 
 	if raw, err := os.ReadFile(filepath.Join(dir, ownerSecretFile)); err != nil {
 		problems = append(problems, err)
@@ -426,7 +429,7 @@ func (m *Material) check() []error {
 		if !op.DidSign(ac) {
 			problems = append(problems, fmt.Errorf("%s account JWT is not signed by the operator", a.Name))
 		}
-		if a.Signer != a.Key && !ac.SigningKeys.Contains(mustPublic(a.Signer)) {
+		if !ac.SigningKeys.Contains(mustPublic(a.Signer)) {
 			problems = append(problems, fmt.Errorf("%s signing key is not listed in its account JWT", a.Name))
 		}
 	}
