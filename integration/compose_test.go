@@ -108,7 +108,7 @@ func TestComposeFile(t *testing.T) {
 		t.Fatalf("want 3 nats-server services, 2 `authplane serve` and 1 `authplane init`; got %v, %v, %v", natsNames, planeNames, initNames)
 	}
 
-	bin := composeBuildAuthplane(t)
+	bin := authplaneBinary(t)
 	tmp := t.TempDir()
 	// host maps a path inside a container to the temp dir; every service mounts its volumes at
 	// the same targets, so one tree stands for all of them.
@@ -267,18 +267,6 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	}
-}
-
-// composeBuildAuthplane builds the authplane binary into a temp dir.
-func composeBuildAuthplane(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "authplane")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/authplane")
-	cmd.Dir = ".."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/authplane: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // composeFlagSpec reads `authplane <cmd> -h` and returns its flags, each with whether it takes

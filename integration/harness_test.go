@@ -480,8 +480,15 @@ type process struct {
 // startAuthplane starts the binary with args; it is killed when the test ends if still running.
 func startAuthplane(t testing.TB, args ...string) *process {
 	t.Helper()
+	return startAuthplaneIn(t, "", args...)
+}
+
+// startAuthplaneIn is startAuthplane with working directory dir ("" = the test's).
+func startAuthplaneIn(t testing.TB, dir string, args ...string) *process {
+	t.Helper()
 	p := &process{done: make(chan struct{})}
 	p.cmd = exec.Command(authplaneBinary(t), args...)
+	p.cmd.Dir = dir
 	p.cmd.Stdout = &p.stdout
 	p.cmd.Stderr = io.MultiWriter(&p.stderr, logSink())
 	if err := p.cmd.Start(); err != nil {
