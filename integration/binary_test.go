@@ -158,11 +158,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc, err := service.ConnectPlaneAccount(m, info.NATSURL, "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
+		nc, _ := planeConn(t, m, info.NATSURL)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(testSpace))

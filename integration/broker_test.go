@@ -200,15 +200,7 @@ func TestBrokerRefusesThePlanesServingIdentityOutsideInboxes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		token, err := iss.Sign(mint.User{Name: "test.serving", Key: pub, Grant: subjects.ServingGrant(testSpace), Expires: time.Now().Add(time.Minute)})
+		token, err := iss.Sign(mint.User{Name: "test.serving", Key: newUserKey(t), Grant: subjects.ServingGrant(testSpace), Expires: time.Now().Add(time.Minute)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,7 +21,9 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
@@ -558,4 +560,40 @@ func readServiceInfo(t testing.TB, dir string, within time.Duration) service.Ser
 		return json.Unmarshal(raw, &info)
 	})
 	return info
+}
+
+// planeConn connects to url as a short-lived plane-account user (where the plane's buckets and
+// streams live) and returns the connection and its JetStream context; it closes when the test
+// ends.
+func planeConn(t testing.TB, m *space.Material, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := service.ConnectPlaneAccount(m, url, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// newUserKey returns a fresh public user nkey.
+func newUserKey(t testing.TB) string { return newKey(t, nkeys.CreateUser) }
+
+// newAccountKey returns a fresh public account nkey.
+func newAccountKey(t testing.TB) string { return newKey(t, nkeys.CreateAccount) }
+
+func newKey(t testing.TB, create func() (nkeys.KeyPair, error)) string {
+	t.Helper()
+	kp, err := create()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }

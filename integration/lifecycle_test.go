@@ -325,15 +325,7 @@ func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
 				t.Fatalf("no spec for stream %s", tt.stream)
 			}
 			tt.edit(&cfg)
-			nc, err := service.ConnectPlaneAccount(s.material, s.URL(), "test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, js := planeConn(t, s.material, s.URL())
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if _, err := js.CreateStream(ctx, cfg); err != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/service"
@@ -86,30 +85,6 @@ func marshal(t testing.TB, v any) string {
 	return string(data)
 }
 
-func otherUserKey(t testing.TB) string {
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub
-}
-
-func accountKey(t testing.TB) string {
-	kp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub
-}
-
 var supervise = []string{"supervise"}
 
 func refusalCases() []refusalCase {
@@ -148,7 +123,7 @@ func refusalCases() []refusalCase {
 		{name: "requestId off grammar", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "requestId", "tooshort") }, code: "bad-request"},
 		{name: "identity is an account key", scope: supervise, state: "activated", build: func(c *refusalCtx) any {
 			b := c.renewal("renew")
-			b["identities"].(map[string]any)["executor"] = map[string]any{"id": accountKey(c.t)}
+			b["identities"].(map[string]any)["executor"] = map[string]any{"id": newAccountKey(c.t)}
 			return b
 		}, code: "bad-request"},
 		{name: "identity missing", scope: supervise, state: "activated", build: func(c *refusalCtx) any {
@@ -179,11 +154,11 @@ func refusalCases() []refusalCase {
 		{name: "another instance's supervisor", state: "activated", actor: func(c *refusalCtx) string { return subjects.SupervisorActor(newManagerKeys(c.t).iid) },
 			build: func(c *refusalCtx) any { return c.renewal("renew") }, code: "permission-denied"},
 		{name: "another space", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "space", "other") }, code: "permission-denied"},
-		{name: "another account", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "accountPublicKey", accountKey(c.t)) }, code: "permission-denied"},
+		{name: "another account", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "accountPublicKey", newAccountKey(c.t)) }, code: "permission-denied"},
 		{name: "activate with a wrong proof", scope: supervise, state: "prepared", build: func(c *refusalCtx) any { return with(c.activate(), "registrationProof", sha) }, code: "permission-denied"},
 		{name: "activate with other identities", scope: supervise, state: "prepared", build: func(c *refusalCtx) any {
 			b := c.activate()
-			b["identities"].(map[string]any)["serve"] = map[string]any{"id": otherUserKey(c.t)}
+			b["identities"].(map[string]any)["serve"] = map[string]any{"id": newUserKey(c.t)}
 			return b
 		}, code: "permission-denied"},
 		{name: "activate another lifecycle", scope: supervise, state: "prepared", build: func(c *refusalCtx) any {
@@ -194,7 +169,7 @@ func refusalCases() []refusalCase {
 		}, code: "permission-denied"},
 		{name: "renew other identities with a valid proof", scope: supervise, state: "activated", build: func(c *refusalCtx) any {
 			b := c.renewal("renewStandingBundle")
-			b["identities"].(map[string]any)["goalWriter"] = map[string]any{"id": otherUserKey(c.t)}
+			b["identities"].(map[string]any)["goalWriter"] = map[string]any{"id": newUserKey(c.t)}
 			return b
 		}, code: "permission-denied"},
 
@@ -317,15 +292,7 @@ func setGate(t testing.TB, p *service.Plane, iid, state string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nc, err := service.ConnectPlaneAccount(p.Material(), p.NATSURL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := planeConn(t, p.Material(), p.NATSURL())
 	kv, err := js.KeyValue(ctx, subjects.AuthBucket(testSpace))
 	if err != nil {
 		t.Fatal(err)

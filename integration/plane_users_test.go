@@ -1,11 +1,9 @@
 package integration
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,31 +11,13 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// lockedBuffer collects a plane's log lines for a test to read while the plane writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestPlaneRenewsItsOwnUsersBeforeTheyExpire: the plane's serving and store users live
 // --plane-user-ttl and are renewed at two thirds of it, so the broker never has to cut them
 // off, and the plane keeps serving past their first expiry.
 func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	t.Parallel()
 	const ttl = 10 * time.Second
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	start := time.Now()
 	p := startPlane(t, func(c *service.Config) {
 		c.PlaneUserTTL = ttl
