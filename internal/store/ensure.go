@@ -23,7 +23,7 @@ var ErrMisconfigured = errors.New("stream misconfigured")
 func Ensure(ctx context.Context, js jetstream.JetStream, specs []Spec, log *slog.Logger) error {
 	var problems []error
 	for _, spec := range specs {
-		err := retry(ctx, func(ctx context.Context) error { return ensureOne(ctx, js, spec, log) })
+		err := retry(ctx, log, func(ctx context.Context) error { return ensureOne(ctx, js, spec, log) })
 		if err != nil {
 			problems = append(problems, err)
 		}
@@ -118,7 +118,7 @@ func (p *permanentError) Unwrap() error { return p.error }
 
 // retry runs fn with a short per-attempt timeout until it succeeds, fails permanently, or ctx
 // ends. A fresh cluster needs seconds to elect a meta leader; one long call can hang.
-func retry(ctx context.Context, fn func(context.Context) error) error {
+func retry(ctx context.Context, log *slog.Logger, fn func(context.Context) error) error {
 	var err error
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -127,6 +127,9 @@ func retry(ctx context.Context, fn func(context.Context) error) error {
 		var perm *permanentError
 		if err == nil || errors.As(err, &perm) || !Transient(err) {
 			return err
+		}
+		if attempt == 0 {
+			log.Info("JetStream is not ready yet (a new cluster elects its leader first); retrying", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -53,7 +53,7 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 		{&s.Secrets, subjects.SecretsBucket(space)},
 	} {
 		var kv jetstream.KeyValue
-		err := retry(ctx, func(ctx context.Context) error {
+		err := retry(ctx, log, func(ctx context.Context) error {
 			var err error
 			kv, err = js.KeyValue(ctx, b.name)
 			return err
