@@ -84,14 +84,11 @@ func (h *handler) Handle(req micro.Request) {
 	g := h.guard
 	endpoint, owner, actor, ok := subjects.ParseEndpointSubject(g.Space, req.Subject())
 	if !ok || endpoint != h.endpoint {
-		h.dropped.Add(1)
-		g.Log.Warn("dropped request: subject names no principal", "endpoint", h.endpoint, "subject", req.Subject())
+		h.drop("subject names no principal", "subject", req.Subject())
 		return
 	}
 	if !subjects.ReplyAllowed(req.Reply(), owner, actor) {
-		h.dropped.Add(1)
-		g.Log.Warn("dropped request: reply subject is not the caller's inbox",
-			"endpoint", h.endpoint, "caller", subjects.Principal(owner, actor), "reply", req.Reply())
+		h.drop("reply subject is not the caller's inbox", "caller", subjects.Principal(owner, actor), "reply", req.Reply())
 		return
 	}
 	if !g.Limiter.Allow(subjects.Principal(owner, actor)) {
@@ -101,29 +98,53 @@ func (h *handler) Handle(req micro.Request) {
 	}
 	call := &Call{Owner: owner, Actor: actor, Data: req.Data(),
 		Note: &records.Request{Endpoint: h.endpoint, Caller: subjects.Principal(owner, actor)}}
-	if g.Fenced() {
+	var reply any
+	var err error = errFenced
+	if !g.Fenced() {
+		ctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
+		reply, err = h.fn(ctx, call)
+		cancel()
+	}
+	if err == nil && g.Fenced() {
+		// It committed before the fence, but a fenced plane answers nothing more: withhold it,
+		// and record what is withheld.
+		var creds []records.Credential
+		if m, ok := reply.(mintedReply); ok {
+			creds = m.MintedCredentials()
+		}
+		h.record(records.Discarded, call, errFenced, creds)
 		h.respond(req, nil, errFenced)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
-	defer cancel()
-	reply, err := h.fn(ctx, call)
-	if g.Fenced() {
-		reply, err = nil, errFenced
-	}
 	if err != nil {
-		f := fault.As(err)
-		if f.Code == fault.Internal || f.Cause != nil {
-			g.Log.Error("request failed", "endpoint", h.endpoint, "caller", call.Principal(), "code", f.Code, "err", err)
-		}
-		if err != errFenced && !f.Recorded {
-			// Its own context: the request's may have run out. A failed write is logged.
-			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-			g.Recorder.Record(rctx, records.Decision{Decision: records.Refused, Request: *call.Note, Code: string(f.Code), Message: f.Message})
-			rcancel()
+		if f := fault.As(err); !f.Recorded {
+			h.record(records.Refused, call, f, nil)
 		}
 	}
 	h.respond(req, reply, err)
+}
+
+// mintedReply is a reply that carries credentials.
+type mintedReply interface {
+	MintedCredentials() []records.Credential
+}
+
+// drop counts a request dropped without an answer and logs it: the 1st, 2nd, 4th, 8th… of
+// each copy, so a caller cannot flood the log with them; the count says how many there were.
+func (h *handler) drop(why string, attrs ...any) {
+	n := h.dropped.Add(1)
+	if n&(n-1) == 0 {
+		h.guard.Log.Warn("dropped request: "+why, append([]any{"endpoint", h.endpoint, "dropped", n}, attrs...)...)
+	}
+}
+
+// record writes one decision about call, with its own context (the request's may have run
+// out). A failed write is logged by the recorder; the decision stands.
+func (h *handler) record(decision string, call *Call, f *fault.Error, creds []records.Credential) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	h.guard.Recorder.Record(ctx, records.Decision{Decision: decision, Request: *call.Note,
+		Code: string(f.Code), Message: f.Message, Credentials: creds, Cause: f.Cause})
 }
 
 var errFenced = fault.New(fault.Unavailable, "this authority plane is momentarily unavailable (fenced by a newer instance); retry shortly")

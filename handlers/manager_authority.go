@@ -31,7 +31,9 @@ func ManagerAuthority(e *manager.Engine) Func {
 		if err != nil {
 			return nil, err
 		}
-		c.Note.Kind = kind
+		if kind == manager.Kind || runKinds[kind] {
+			c.Note.Kind = kind // only a known kind reaches the records
+		}
 		switch {
 		case kind == manager.Kind:
 			return e.ServiceAuthority(ctx, manager.Caller{Owner: c.Owner, Actor: c.Actor}, c.Data, c.Note)

@@ -177,7 +177,9 @@ func refusalCases() []refusalCase {
 		{name: "activate an unregistered instance", scope: supervise, build: func(c *refusalCtx) any { return with(c.body("activate"), "registrationProof", sha) }, code: "failed-precondition"},
 		{name: "renew on a frozen gate", scope: supervise, state: "frozen", build: func(c *refusalCtx) any { return c.renewal("renew") }, code: "failed-precondition"},
 		{name: "prepare on a retired gate", scope: supervise, state: "retired", build: func(c *refusalCtx) any { return c.body("prepare") }, code: "failed-precondition"},
-		{name: "gate holds a delete marker", scope: supervise, state: "deleted", build: func(c *refusalCtx) any { return c.activate() }, code: "failed-precondition"},
+		{name: "activate on a delete marker", scope: supervise, state: "deleted", build: func(c *refusalCtx) any { return c.activate() }, code: "failed-precondition"},
+		{name: "prepare on a delete marker", scope: supervise, state: "deleted", build: func(c *refusalCtx) any { return c.body("prepare") }, code: "failed-precondition"},
+		{name: "renew on a delete marker", scope: supervise, state: "deleted", build: func(c *refusalCtx) any { return c.renewal("renewStandingBundle") }, code: "failed-precondition"},
 		{name: "stale epoch", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "processEpoch", 5) }, code: "conflict"},
 
 		// Out of scope.

@@ -44,6 +44,15 @@ func TestManagerFlowMintsCredentialsTheBrokerAcceptsAndConfines(t *testing.T) {
 	bundle := mustMint(t, cli, ownerA, "cli", renewal(m.body(t, "renewStandingBundle", "cli"), activated.NextRegistrationProof, account, 0))
 	wantDuties(t, "renewStandingBundle", bundle, "supervisor", "executor", "serve", "goalWriter", "sessionLedger")
 
+	// The broker accepts every credential of every operation.
+	for _, got := range []material{prep, activated, renewed, bundle} {
+		for duty, c := range got.Credentials {
+			nc := dutyConn(t, p, m, ownerA, subjects.Duty(duty), c.JWT)
+			flush(t, nc)
+			nc.Close()
+		}
+	}
+
 	// Every credential says who it is for, for how long, and nothing more.
 	for duty, c := range bundle.Credentials {
 		claims, err := jwt.DecodeUserClaims(c.JWT)
@@ -113,10 +122,15 @@ func TestManagerFlowMintsCredentialsTheBrokerAcceptsAndConfines(t *testing.T) {
 		t.Fatal(err)
 	}
 	serveErrs.waitViolation(t, "Subscription", sp+".ep.v1.inst.manager."+other+".>")
-	if _, err := serve.QueueSubscribeSync(sp+".ep.v1.one.manager.run-start."+ownerA+".>", "thieves"); err != nil {
-		t.Fatal(err)
+	// The one-of run-starts only in its owner's queue group: not in another, not outside one.
+	for _, queue := range []string{"thieves", ""} {
+		errs := &asyncErrors{}
+		nc := dutyConn(t, p, m, ownerA, subjects.DutyServe, bundle.Credentials["serve"].JWT, errs.option())
+		if _, err := nc.QueueSubscribeSync(sp+".ep.v1.one.manager.run-start."+ownerA+".>", queue); err != nil {
+			t.Fatal(err)
+		}
+		errs.waitViolation(t, "Subscription", sp+".ep.v1.one.manager.run-start."+ownerA+".>")
 	}
-	serveErrs.waitViolation(t, "Subscription", sp+".ep.v1.one.manager.run-start."+ownerA+".>")
 
 	// The others: one allowed publish each (no violation after a round trip), one refused.
 	cases := []struct {

@@ -48,7 +48,8 @@ type ServiceInfo struct {
 	Cap      string `json:"cap"`
 }
 
-// ErrFenced is returned by Wait when a newer registration of this instance fenced the plane.
+// ErrFenced is what Err and Close report when a newer registration of this instance fenced
+// the plane.
 var ErrFenced = instance.ErrFenced
 
 // Plane is a running authority plane.
@@ -146,8 +147,6 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
-		// At least twice the longest credential lifetime, so an end finds every live nkey.
-		MintedMaxAge: max(2*cfg.StandingTTL, time.Hour),
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -155,13 +154,6 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
 		return nil, fmt.Errorf("register instance %s: %w", p.identity.InstanceID, err)
 	}
-	p.bg.Add(1)
-	go func() {
-		defer p.bg.Done()
-		if err := instance.Watch(bg, p.stores.Auth, p.gate); err != nil && bg.Err() == nil {
-			p.fence(err)
-		}
-	}()
 
 	dataIssuer, err := mint.NewIssuer(p.material.Data.Public(), p.material.Data.Signer, cfg.Now)
 	if err != nil {
@@ -173,6 +165,15 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.addService(); err != nil {
 		return nil, err
 	}
+	// Watch from here on: the watch's first value is the gate as it is now, so an epoch that
+	// moved since the registration fences at once.
+	p.bg.Add(1)
+	go func() {
+		defer p.bg.Done()
+		if err := instance.Watch(bg, p.stores.Auth, p.gate); err != nil && bg.Err() == nil {
+			p.fence(err)
+		}
+	}()
 	if err := p.serveHTTP(); err != nil {
 		return nil, err
 	}
@@ -325,6 +326,7 @@ func (p *Plane) managerEngine() (*manager.Engine, error) {
 		Records:     p.recorder,
 		StandingTTL: p.cfg.StandingTTL,
 		Now:         p.cfg.Now,
+		Fenced:      p.fenced.Load,
 	}
 	if p.cfg.Hooks != nil {
 		e.BeforeCommit = p.cfg.Hooks.BeforeCommit

@@ -40,6 +40,7 @@ type Error struct {
 	Recorded bool
 }
 
+// Error returns "<code>: <message>", the form of the Nats-Service-Error header.
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 
 // Unwrap returns the cause.

@@ -148,10 +148,14 @@ func Commit(ctx context.Context, kv KV, g *Gate) error {
 			return err
 		}
 		now, rerr := Observe(ctx, kv, g.Key)
-		if rerr == nil && (now == nil || !bytes.Equal(now.Raw, g.Raw)) {
+		switch {
+		case rerr != nil && !retryable(rerr):
+			return rerr
+		case rerr != nil:
+			// Unknown; read again after the pause.
+		case now == nil || !bytes.Equal(now.Raw, g.Raw):
 			return fmt.Errorf("commit %s: %w", g.Key, ErrMoved)
-		}
-		if rerr == nil {
+		default:
 			rev = now.Revision
 		}
 		if err := store.Pause(ctx, attempt); err != nil {
@@ -185,15 +189,22 @@ func Transition(ctx context.Context, kv KV, key string, g *Gate, row Row) (*Gate
 		if err == nil {
 			return &Gate{Key: key, Row: row, Raw: data, Revision: n}, nil
 		}
+		if errors.Is(err, store.ErrDeleted) {
+			return nil, fault.Wrap(fault.FailedPrecondition, err, "gate %s holds a delete marker; gates are never deleted", key)
+		}
 		if !errors.Is(err, store.ErrCASLost) && !errors.Is(err, store.ErrUnknownOutcome) {
 			return nil, err
 		}
 		now, rerr := Observe(ctx, kv, key)
 		switch {
+		case rerr != nil && !retryable(rerr):
+			return nil, rerr
 		case rerr != nil:
-			// Unknown; try again after the pause.
+			// Unknown; read again after the pause.
 		case now != nil && now.Row.Nonce == row.Nonce:
 			return now, nil // our write landed
+		case g == nil && now == nil:
+			// Still absent: a create of unknown outcome that did not land. Create again.
 		case g == nil || now == nil || !bytes.Equal(now.Raw, g.Raw):
 			return nil, fmt.Errorf("write %s: %w", key, ErrMoved)
 		default:
@@ -204,3 +215,7 @@ func Transition(ctx context.Context, kv KV, key string, g *Gate, row Row) (*Gate
 		}
 	}
 }
+
+// retryable reports whether a failed read of a gate may succeed later (the store was
+// unavailable), as opposed to a gate that is corrupt or holds a delete marker.
+func retryable(err error) bool { return fault.CodeOf(err) == fault.Unavailable }

@@ -5,74 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/store/storetest"
 )
 
-// memKV is an in-memory bucket with the KV verbs' semantics, and fault injection: before each
-// write, fault may return an error to report instead, and say whether the write still lands
-// (an unknown outcome that did happen).
-type memKV struct {
-	mu    sync.Mutex
-	rev   uint64
-	vals  map[string]store.Entry
-	fault func(key string) (err error, lands bool)
-}
+func newMemKV() *storetest.KV { return storetest.New() }
 
-func newMemKV() *memKV { return &memKV{vals: map[string]store.Entry{}} }
-
-func (m *memKV) Get(_ context.Context, key string) (store.Entry, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.vals[key]
-	if !ok {
-		return store.Entry{}, store.ErrNotFound
-	}
-	return e, nil
-}
-
-func (m *memKV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
-	return m.Update(ctx, key, value, 0)
-}
-
-func (m *memKV) Update(_ context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var injected error
-	lands := true
-	if m.fault != nil {
-		injected, lands = m.fault(key)
-	}
-	if cur := m.vals[key].Revision; cur != rev {
-		if injected != nil {
-			return 0, injected
-		}
-		return 0, fmt.Errorf("update %s: %w", key, store.ErrCASLost)
-	}
-	if lands {
-		m.rev++
-		m.vals[key] = store.Entry{Value: append([]byte(nil), value...), Revision: m.rev}
-	}
-	if injected != nil {
-		return 0, injected
-	}
-	return m.rev, nil
-}
-
-// put writes key unconditionally, as another writer would.
-func (m *memKV) put(t *testing.T, key string, row Row) {
+// put writes row at key unconditionally, as another writer would.
+func put(t *testing.T, kv *storetest.KV, key string, row Row) {
 	t.Helper()
 	data, err := json.Marshal(row)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rev++
-	m.vals[key] = store.Entry{Value: data, Revision: m.rev}
+	kv.Put(key, data)
 }
 
 func openRow() Row {
@@ -87,7 +37,7 @@ func ctx(t *testing.T) context.Context {
 
 func TestCommitLandsOnAnUnchangedGate(t *testing.T) {
 	kv := newMemKV()
-	kv.put(t, "g", openRow())
+	put(t, kv, "g", openRow())
 	g, err := Observe(ctx(t), kv, "g")
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +56,7 @@ func TestCommitLandsOnAnUnchangedGate(t *testing.T) {
 
 func TestCommitRetriesWhenAnotherMintRewroteTheSameBytes(t *testing.T) {
 	kv := newMemKV()
-	kv.put(t, "g", openRow())
+	put(t, kv, "g", openRow())
 	g, err := Observe(ctx(t), kv, "g")
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +72,7 @@ func TestCommitRetriesWhenAnotherMintRewroteTheSameBytes(t *testing.T) {
 
 func TestCommitIsRefusedOnceAFenceWriterChangedTheGate(t *testing.T) {
 	kv := newMemKV()
-	kv.put(t, "g", openRow())
+	put(t, kv, "g", openRow())
 	g, err := Observe(ctx(t), kv, "g")
 	if err != nil {
 		t.Fatal(err)
@@ -141,13 +91,13 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 	for _, lands := range []bool{true, false} {
 		t.Run(fmt.Sprintf("write landed %v", lands), func(t *testing.T) {
 			kv := newMemKV()
-			kv.put(t, "g", openRow())
+			put(t, kv, "g", openRow())
 			g, err := Observe(ctx(t), kv, "g")
 			if err != nil {
 				t.Fatal(err)
 			}
 			faults := 1
-			kv.fault = func(string) (error, bool) {
+			kv.Fault = func(string) (error, bool) {
 				if faults == 0 {
 					return nil, true
 				}
@@ -163,13 +113,13 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 
 func TestTransitionRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 	kv := newMemKV()
-	kv.put(t, "g", openRow())
+	put(t, kv, "g", openRow())
 	g, err := Observe(ctx(t), kv, "g")
 	if err != nil {
 		t.Fatal(err)
 	}
 	faults := 1
-	kv.fault = func(string) (error, bool) {
+	kv.Fault = func(string) (error, bool) {
 		if faults == 0 {
 			return nil, true
 		}
@@ -196,7 +146,7 @@ func TestTransitionRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 
 func TestTransitionFromAbsentLosesToAConcurrentCreate(t *testing.T) {
 	kv := newMemKV()
-	kv.put(t, "g", openRow()) // created by someone else after we observed nothing
+	put(t, kv, "g", openRow()) // created by someone else after we observed nothing
 	if _, err := Transition(ctx(t), kv, "g", nil, openRow()); !errors.Is(err, ErrMoved) {
 		t.Fatalf("got %v, want ErrMoved", err)
 	}
@@ -242,5 +192,47 @@ func TestParseRefusesRowsThatBreakTheSchema(t *testing.T) {
 	}
 	if _, err := Parse([]byte(`{"state":"open","generation":1,"processEpoch":0,"registrationRevision":1,"nameAuthorityRevision":0,"principal":"a.b","nonce":"n","extra":1}`)); err == nil {
 		t.Fatal("got a parsed row with an unknown field, want a refusal")
+	}
+}
+
+func TestTransitionRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
+	kv := newMemKV()
+	faults := 1
+	kv.Fault = func(string) (error, bool) {
+		if faults == 0 {
+			return nil, true
+		}
+		faults--
+		return fmt.Errorf("timeout: %w", store.ErrUnknownOutcome), false
+	}
+	g, err := Transition(ctx(t), kv, "g", nil, openRow())
+	if err != nil {
+		t.Fatalf("got %v, want the create retried and landed", err)
+	}
+	if g.Row.ProcessEpoch != 0 || kv.Revision() != 1 {
+		t.Fatalf("got epoch %d after %d writes, want one write at epoch 0", g.Row.ProcessEpoch, kv.Revision())
+	}
+}
+
+func TestFenceWritesStopAtADeleteMarker(t *testing.T) {
+	kv := newMemKV()
+	put(t, kv, "g", openRow())
+	g, err := Observe(ctx(t), kv, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv.Delete("g")
+	if _, err := Observe(ctx(t), kv, "g"); fault.CodeOf(err) != fault.FailedPrecondition {
+		t.Fatalf("observe: got %v, want failed-precondition", err)
+	}
+	start := time.Now()
+	if err := Commit(ctx(t), kv, g); fault.CodeOf(err) != fault.FailedPrecondition {
+		t.Fatalf("commit: got %v, want failed-precondition", err)
+	}
+	if _, err := Transition(ctx(t), kv, "g", nil, openRow()); fault.CodeOf(err) != fault.FailedPrecondition {
+		t.Fatalf("create over the marker: got %v, want failed-precondition", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatalf("took %s; a delete marker is final, not something to retry", time.Since(start))
 	}
 }

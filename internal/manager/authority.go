@@ -38,6 +38,9 @@ type Engine struct {
 	// StandingTTL is the lifetime of standing credentials; the executor's is min(5m, it).
 	StandingTTL time.Duration
 	Now         func() time.Time
+	// Fenced reports that this plane has been fenced by a newer registration of its own
+	// instance; a mint checks it last before committing and is discarded if it says so.
+	Fenced func() bool
 	// BeforeCommit, when set, runs after a mint is signed and recorded and before it commits
 	// (a test seam for the commit fence).
 	BeforeCommit func()
@@ -49,6 +52,7 @@ type Caller struct {
 	Actor string
 }
 
+// String returns the caller's `<owner>.<actor>`.
 func (c Caller) String() string { return subjects.Principal(c.Owner, c.Actor) }
 
 // ExecutorTTL is the executor duty's lifetime cap.
@@ -71,7 +75,13 @@ type Material struct {
 	ManagerLifecycleUID   string                `json:"managerLifecycleUid"`
 	AccountPublicKey      string                `json:"accountPublicKey"`
 	ProcessEpoch          uint64                `json:"processEpoch"`
+
+	minted []records.Credential
 }
+
+// MintedCredentials names the credentials the material carries by their public keys, for
+// whoever must record them discarded if it withholds the material.
+func (m *Material) MintedCredentials() []records.Credential { return m.minted }
 
 // Credential is one minted user JWT and its expiry (seconds).
 type Credential struct {
@@ -89,7 +99,12 @@ type Credential struct {
 func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, data []byte, note *records.Request) (*Material, error) {
 	req, err := Parse(data)
 	if req != nil {
-		note.Kind, note.Operation, note.InstanceID, note.RequestID = Kind, req.Operation, req.InstanceID, req.RequestID
+		// Only what passed its grammar reaches the records: a refused body's fields may be
+		// anything a caller chose.
+		note.Kind = Kind
+		note.Operation = keepIf(req.Operation, knownOperations[req.Operation])
+		note.InstanceID = keepIf(req.InstanceID, subjects.ValidUID(req.InstanceID))
+		note.RequestID = keepIf(req.RequestID, subjects.ValidRequestID(req.RequestID))
 	}
 	if err != nil {
 		return nil, err
@@ -108,6 +123,18 @@ func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, data []byt
 	default:
 		return e.renew(ctx, caller, req, note)
 	}
+}
+
+var knownOperations = map[string]bool{
+	OpPrepare: true, OpActivate: true, OpRenew: true, OpRenewStandingBundle: true, OpRenewRunDriver: true,
+	"session": true, "retire": true, "transferReader": true,
+}
+
+func keepIf(s string, ok bool) string {
+	if ok {
+		return s
+	}
+	return ""
 }
 
 // requireSupervise refuses unless principal's ledger row, read now, holds `supervise`.

@@ -82,12 +82,18 @@ func (e *Engine) issue(ctx context.Context, is issuance) (*Material, error) {
 	}
 	m.ExpiresAt = earliest * 1000
 
-	// Every nkey is on record before its commit, so an end can revoke all of them.
+	m.minted = minted
+
+	// Every nkey is on record before its commit, so an end can revoke all of them. If the
+	// records cannot be written, nothing commits.
 	if err := e.Records.RecordMinted(ctx, *is.note, minted); err != nil {
-		return nil, errStore(err, "recording the mint")
+		return nil, e.discard(is, minted, errStore(err, "recording the mint"))
 	}
 	if e.BeforeCommit != nil {
 		e.BeforeCommit()
+	}
+	if e.Fenced != nil && e.Fenced() {
+		return nil, e.discard(is, minted, fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance before the mint committed; retry shortly"))
 	}
 	var err error
 	if is.next != nil {
@@ -95,24 +101,26 @@ func (e *Engine) issue(ctx context.Context, is issuance) (*Material, error) {
 	} else {
 		err = gate.Commit(ctx, e.Gates, is.observed)
 	}
-	if err != nil {
-		return nil, e.discard(is, minted, err)
+	switch {
+	case errors.Is(err, gate.ErrMoved):
+		return nil, e.discard(is, minted, fault.Wrap(fault.Conflict, err,
+			"the gate of instance %s moved before issuance (a re-registration or an end landed); nothing was issued", iid))
+	case err != nil && fault.CodeOf(err) != fault.Internal:
+		return nil, e.discard(is, minted, fault.As(err)) // e.g. the gate now holds a delete marker
+	case err != nil:
+		return nil, e.discard(is, minted, errStore(err, "committing the mint"))
 	}
 	e.Records.LogMinted(*is.note, minted)
 	return m, nil
 }
 
-// discard records a signed mint that did not commit and returns its refusal. No credential is
-// sent: each is valid only if its commit landed, and a minted record already names its key.
-func (e *Engine) discard(is issuance, minted []records.Credential, cause error) error {
-	refusal := fault.Wrap(fault.Conflict, cause, "the gate of instance %s moved before issuance (a re-registration or an end landed); nothing was issued", is.req.InstanceID)
-	if !errors.Is(cause, gate.ErrMoved) {
-		refusal = errStore(cause, "committing the mint")
-	}
+// discard records a signed mint that did not commit and returns refusal, marked recorded. No
+// credential is sent: each is valid only if its commit landed.
+func (e *Engine) discard(is issuance, minted []records.Credential, refusal *fault.Error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	e.Records.Record(ctx, records.Decision{Decision: records.Discarded, Request: *is.note,
-		Code: string(refusal.Code), Message: refusal.Message, Credentials: minted})
+		Code: string(refusal.Code), Message: refusal.Message, Credentials: minted, Cause: refusal.Cause})
 	refusal.Recorded = true
 	return refusal
 }

@@ -78,6 +78,9 @@ type Decision struct {
 	Message     string       `json:"message,omitempty"`
 	Credentials []Credential `json:"credentials,omitempty"`
 	At          int64        `json:"at"` // milliseconds
+	// Cause is the underlying error of an internal or store failure: logged, never recorded
+	// or sent.
+	Cause error `json:"-"`
 }
 
 // Decision names.
@@ -123,8 +126,14 @@ func (r *Recorder) Record(ctx context.Context, d Decision) {
 		attrs = append(attrs, slog.Group(c.Duty, "nkey", c.NKey, "exp", c.Exp))
 	}
 	level := slog.LevelInfo
-	if d.Decision == Discarded {
+	switch {
+	case d.Code == "internal":
+		level = slog.LevelError
+	case d.Decision == Discarded:
 		level = slog.LevelWarn
+	}
+	if d.Cause != nil {
+		attrs = append(attrs, "err", d.Cause)
 	}
 	r.log.Log(ctx, level, d.Decision, attrs...)
 	data, err := json.Marshal(d)

@@ -122,7 +122,7 @@ func TestDiffIgnoresSubjectOrder(t *testing.T) {
 
 // Every stream keeps the rules of DESIGN §6.6 in its spec, so Ensure creates them right.
 func TestSpecsSealEveryStream(t *testing.T) {
-	for _, s := range Specs("default", Options{Replicas: 3, MintedMaxAge: 10 * time.Second}) {
+	for _, s := range Specs("default", Options{Replicas: 3}) {
 		c := s.Config
 		if c.AllowDirect || c.MirrorDirect || c.AllowRollup || !c.DenyDelete || !c.DenyPurge {
 			t.Errorf("%s: got allow_direct %v mirror_direct %v rollup %v deny_delete %v deny_purge %v, want false false false true true",

@@ -33,8 +33,15 @@ const codeStoreFailed = 10077
 // KV is one bucket. Reads are leader reads: every bucket of the plane has allow_direct off.
 type KV struct {
 	kv     jetstream.KeyValue
+	stream jetstream.Stream
 	bucket string
 }
+
+// The headers a KV delete or purge marker carries.
+const (
+	kvOperationHeader = "KV-Operation"
+	markerReason      = "Nats-Marker-Reason"
+)
 
 // Entry is a key's latest value and its revision.
 type Entry struct {
@@ -45,23 +52,24 @@ type Entry struct {
 // Bucket returns the bucket name.
 func (k *KV) Bucket() string { return k.bucket }
 
-// Get reads key. It returns ErrNotFound for a key never written and ErrDeleted (with the
-// marker's revision) for a delete marker.
+// Get reads key's latest entry from the stream leader. It returns ErrNotFound for a key never
+// written and ErrDeleted (with the marker's revision) for a DEL or PURGE marker, which the
+// client's own Get would report as never written.
 func (k *KV) Get(ctx context.Context, key string) (Entry, error) {
-	e, err := k.kv.Get(ctx, key)
+	m, err := k.stream.GetLastMsgForSubject(ctx, "$KV."+k.bucket+"."+key)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyDeleted):
-		return Entry{Revision: e.Revision()}, fmt.Errorf("%s/%s: %w", k.bucket, key, ErrDeleted)
-	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return Entry{}, fmt.Errorf("%s/%s: %w", k.bucket, key, ErrNotFound)
 	case err != nil:
 		return Entry{}, k.classify("read", key, err)
+	case m.Header.Get(kvOperationHeader) != "" || m.Header.Get(markerReason) != "":
+		return Entry{Revision: m.Sequence}, fmt.Errorf("%s/%s: %w", k.bucket, key, ErrDeleted)
 	}
-	return Entry{Value: e.Value(), Revision: e.Revision()}, nil
+	return Entry{Value: m.Data, Revision: m.Sequence}, nil
 }
 
 // Create writes key only if it has never been written. Unlike the client's Create it does not
-// write over a delete marker: that returns ErrDeleted.
+// write over a delete marker: that returns ErrDeleted. A key that exists is ErrCASLost.
 func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
 	rev, err := k.kv.Update(ctx, key, value, 0)
 	if err == nil {

@@ -16,9 +16,6 @@ type Options struct {
 	WitnessBytes int64
 	// MintedBytes bounds the minted stream; when it is full, mints fail closed.
 	MintedBytes int64
-	// MintedMaxAge keeps a minted record at least this long after its last mint: twice the
-	// longest credential lifetime.
-	MintedMaxAge time.Duration
 }
 
 // Defaults for Options.
@@ -28,6 +25,9 @@ const (
 	AuditBytes          = 256 << 20
 	AuditMaxAge         = 30 * 24 * time.Hour
 	WitnessMaxAge       = 5 * time.Minute
+	// MintedMaxAge keeps a minted record twice the longest credential lifetime (24 h) after
+	// its nkey's last mint, so an end finds every live nkey whatever --standing-ttl was.
+	MintedMaxAge = 48 * time.Hour
 )
 
 // Family names the rule a stream is made for.
@@ -52,7 +52,8 @@ type Spec struct {
 	// Rule says in a few words why the configuration is what it is, for refusals.
 	Rule   string
 	Config jetstream.StreamConfig
-	// Tunable lists the fields a start may change in place (size and age limits set by flags).
+	// Tunable says a start may change the stream's size and age limits in place (they follow
+	// flags); every other field must match.
 	Tunable bool
 }
 
@@ -66,9 +67,6 @@ func Specs(space string, o Options) []Spec {
 	}
 	if o.MintedBytes == 0 {
 		o.MintedBytes = DefaultMintedBytes
-	}
-	if o.MintedMaxAge == 0 {
-		o.MintedMaxAge = 48 * time.Hour
 	}
 	bucket := func(name string, f Family, rule string) Spec {
 		c := jetstream.StreamConfig{
@@ -121,7 +119,7 @@ func Specs(space string, o Options) []Spec {
 			Name:              subjects.MintedStream(space),
 			Subjects:          []string{subjects.MintedStreamSubjects(space)},
 			MaxMsgsPerSubject: 1,
-			MaxAge:            o.MintedMaxAge,
+			MaxAge:            MintedMaxAge,
 			MaxBytes:          o.MintedBytes,
 			Discard:           jetstream.DiscardNew,
 		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed"),

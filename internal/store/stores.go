@@ -52,16 +52,16 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 		{&s.Keys, subjects.KeysBucket(space)},
 		{&s.Secrets, subjects.SecretsBucket(space)},
 	} {
-		var kv jetstream.KeyValue
+		var kv *KV
 		err := retry(ctx, log, func(ctx context.Context) error {
 			var err error
-			kv, err = js.KeyValue(ctx, b.name)
+			kv, err = openKV(ctx, js, b.name)
 			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
 		}
-		*b.kv = &KV{kv: kv, bucket: b.name}
+		*b.kv = kv
 	}
 	return s, nil
 }
@@ -98,9 +98,18 @@ func OpenBucket(ctx context.Context, nc *nats.Conn, bucket string) (*KV, error) 
 	if err != nil {
 		return nil, err
 	}
+	return openKV(ctx, js, bucket)
+}
+
+// openKV opens a bucket and its stream (read directly, so delete markers are seen).
+func openKV(ctx context.Context, js jetstream.JetStream, bucket string) (*KV, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, err
 	}
-	return &KV{kv: kv, bucket: bucket}, nil
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, err
+	}
+	return &KV{kv: kv, stream: st, bucket: bucket}, nil
 }
