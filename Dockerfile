@@ -9,12 +9,12 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/authplane ./cmd/authplane
 
 FROM alpine:3.22
-# /space and /state belong to the plane's user, so a fresh named volume mounted there starts
+# /space, /conf and /state belong to the plane's user, so a fresh named volume mounted there starts
 # out writable by it (Docker copies the image's directory, owner included, into an empty volume).
 RUN addgroup -S -g 10001 authplane \
  && adduser -S -D -H -u 10001 -G authplane authplane \
- && mkdir -p /space /state \
- && chown authplane:authplane /space /state
+ && mkdir -p /space /conf /state \
+ && chown authplane:authplane /space /conf /state
 COPY --from=build /out/authplane /usr/local/bin/authplane
 USER 10001:10001
 WORKDIR /state

@@ -132,15 +132,24 @@ func TestComposeFile(t *testing.T) {
 			args[i] = host(a)
 		}
 	}
-	if err := os.MkdirAll(host(spaceMount.Target), 0o700); err != nil {
-		t.Fatal(err)
+	for _, m := range initSvc.mounts(t, initName) {
+		if err := os.MkdirAll(host(m.Target), 0o700); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
 		t.Fatalf("authplane %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	conf := filepath.Join(spaceDir, "nats-server.conf")
+	conf := initFlags["server-conf"]
+	if conf == "" {
+		conf = filepath.Join(spaceDir, "nats-server.conf")
+	}
 	if _, err := os.Stat(host(conf)); err != nil {
 		t.Fatalf("init wrote no nats-server.conf: %v", err)
+	}
+	confMount, ok := initSvc.mountOf(t, initName, conf)
+	if !ok || confMount.ReadOnly {
+		t.Fatalf("%s: --server-conf %s is not in a writable volume", initName, conf)
 	}
 
 	// The NATS nodes: one cluster, each routing to all three, on init's config.
@@ -155,11 +164,16 @@ func TestComposeFile(t *testing.T) {
 		if s.DependsOn[initName].Condition != "service_completed_successfully" {
 			t.Errorf("%s: want depends_on %s: service_completed_successfully", name, initName)
 		}
-		if m, ok := s.mountOf(t, name, conf); !ok || m.Volume != spaceMount.Volume || m.Target != spaceMount.Target || !m.ReadOnly {
-			t.Errorf("%s: want volume %s mounted read-only at %s", name, spaceMount.Volume, spaceMount.Target)
+		if m, ok := s.mountOf(t, name, conf); !ok || m.Volume != confMount.Volume || m.Target != confMount.Target || !m.ReadOnly {
+			t.Errorf("%s: want volume %s mounted read-only at %s", name, confMount.Volume, confMount.Target)
+		}
+		for _, m := range s.mounts(t, name) {
+			if m.Volume == spaceMount.Volume {
+				t.Errorf("%s: mounts the space material (%s); a NATS node needs only its config, never the secrets", name, m.Volume)
+			}
 		}
 		data, ok := s.mountOf(t, name, storeDir)
-		if !ok || data.ReadOnly || data.Volume == spaceMount.Volume || dataVolumes[data.Volume] {
+		if !ok || data.ReadOnly || data.Volume == spaceMount.Volume || data.Volume == confMount.Volume || dataVolumes[data.Volume] {
 			t.Errorf("%s: want its own writable volume at %s (init's --server-store)", name, storeDir)
 		}
 		dataVolumes[data.Volume] = true

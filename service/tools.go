@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -112,6 +116,15 @@ func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now 
 	return jwt.FormatUserConfig(token, seed)
 }
 
+// WriteCallerCreds writes CallerCreds to path (0600, atomically).
+func WriteCallerCreds(path string, m *space.Material, owner, actor string, ttl time.Duration, now time.Time) error {
+	data, err := CallerCreds(m, owner, actor, ttl, now)
+	if err != nil {
+		return err
+	}
+	return files.WriteAtomic(path, data, files.Private)
+}
+
 // Grant writes principal owner.actor's ledger row with exactly scope, connecting to natsURL as
 // a short-lived plane-account user. The plane must have created its buckets (it has run once).
 func Grant(ctx context.Context, m *space.Material, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
@@ -146,4 +159,87 @@ func ConnectPlaneAccount(m *space.Material, natsURL, role string) (*nats.Conn, e
 		return nil, fmt.Errorf("connect to %s: %w", natsURL, err)
 	}
 	return nc, nil
+}
+
+// InitOptions are what `authplane init` is told.
+type InitOptions struct {
+	Space    string
+	SpaceDir string
+	// ServerConf is where to write the nats-server configuration ("" = SpaceDir/nats-server.conf).
+	// Servers need only this file, never the space material's secrets.
+	ServerConf string
+	// ServerStore is where the servers keep their resolver and JetStream data.
+	ServerStore string
+	// Listen is the servers' client address.
+	Listen string
+}
+
+// Init writes the space material (or reuses what exists) and a nats-server configuration for
+// servers the plane does not run. It reports whether it created the material and where the
+// configuration went.
+func Init(o InitOptions) (created bool, conf string, err error) {
+	m, created, err := space.LoadOrCreate(o.SpaceDir, o.Space)
+	if err != nil {
+		return false, "", err
+	}
+	conf = o.ServerConf
+	if conf == "" {
+		conf = filepath.Join(o.SpaceDir, "nats-server.conf")
+	}
+	if err := files.EnsureDir(filepath.Dir(conf)); err != nil {
+		return false, "", err
+	}
+	// Not secret (public keys and JWTs), and read by servers that may run as another user.
+	if err := files.WriteAtomic(conf, []byte(m.ServerConf(o.ServerStore, o.Listen)), 0o644); err != nil {
+		return false, "", err
+	}
+	return created, conf, nil
+}
+
+// ManagerKeys generates the five duty nkeys of a new manager instance into dir (seeds 0600, one
+// file per duty) and returns a ready `prepare` body for them, also written to dir/prepare.json.
+func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
+	if !subjects.ValidSpace(spaceName) {
+		return nil, fmt.Errorf("--space %q: want [a-z0-9][a-z0-9_-]{0,31}", spaceName)
+	}
+	if !subjects.ValidActor(actor) {
+		return nil, fmt.Errorf("--actor %q: want [A-Za-z0-9_]{1,64}", actor)
+	}
+	if err := files.EnsureDir(dir); err != nil {
+		return nil, err
+	}
+	identities := map[string]map[string]string{}
+	for _, d := range subjects.StandingDuties {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, err
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return nil, err
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, err
+		}
+		if err := files.WriteAtomic(filepath.Join(dir, string(d)+".nk"), append(seed, '\n'), files.Private); err != nil {
+			return nil, err
+		}
+		identities[string(d)] = map[string]string{"id": pub}
+	}
+	rid := make([]byte, 18)
+	if _, err := rand.Read(rid); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(map[string]any{
+		"v": 1, "kind": "manager-service-authority", "operation": "prepare",
+		"space": spaceName, "actor": actor,
+		"instanceId": instance.NewUID(), "managerLifecycleUid": instance.NewUID(),
+		"requestId":  base64.RawURLEncoding.EncodeToString(rid),
+		"identities": identities,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return body, files.WriteAtomic(filepath.Join(dir, "prepare.json"), append(body, '\n'), 0o644)
 }

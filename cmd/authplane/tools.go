@@ -2,21 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
-	"github.com/cotal-ai/authplane/internal/files"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -32,29 +24,27 @@ func locateFlags(fs *flag.FlagSet) *service.Locate {
 func initSpace(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	name := fs.String("space", "default", "space name")
-	dir := fs.String("space-dir", "space", "where to write the space material")
-	storeDir := fs.String("server-store", "./nats", "where the nats-server keeps its resolver and JetStream data")
-	listen := fs.String("listen", "127.0.0.1:4222", "the nats-server's client address")
+	var o service.InitOptions
+	fs.StringVar(&o.Space, "space", "default", "space name")
+	fs.StringVar(&o.SpaceDir, "space-dir", "space", "where to write the space material (every key and secret)")
+	fs.StringVar(&o.ServerConf, "server-conf", "", "where to write the nats-server configuration (default <space-dir>/nats-server.conf)")
+	fs.StringVar(&o.ServerStore, "server-store", "./nats", "where the nats-server keeps its resolver and JetStream data")
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:4222", "the nats-server's client address")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	m, created, err := space.LoadOrCreate(*dir, *name)
+	created, conf, err := service.Init(o)
 	if err != nil {
-		return err
-	}
-	conf := filepath.Join(*dir, "nats-server.conf")
-	if err := files.WriteAtomic(conf, []byte(m.ServerConf(*storeDir, *listen)), 0o644); err != nil {
 		return err
 	}
 	verb := "reused the space material in"
 	if created {
 		verb = "wrote the space material to"
 	}
-	fmt.Fprintf(stdout, "%s %s (space %q)\n", verb, *dir, m.Space)
+	fmt.Fprintf(stdout, "%s %s (space %q)\n", verb, o.SpaceDir, o.Space)
 	fmt.Fprintf(stdout, "wrote %s\n", conf)
 	fmt.Fprintf(stdout, "next:\n  nats-server -c %s\n  authplane serve --nats-url nats://%s --space %s --space-dir %s --dir <state dir>\n",
-		conf, *listen, m.Space, *dir)
+		conf, o.Listen, o.Space, o.SpaceDir)
 	return nil
 }
 
@@ -76,11 +66,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	data, err := service.CallerCreds(m, *owner, *actor, *ttl, time.Now())
-	if err != nil {
-		return err
-	}
-	if err := files.WriteAtomic(*out, data, files.Private); err != nil {
+	if err := service.WriteCallerCreds(*out, m, *owner, *actor, *ttl, time.Now()); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s for %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *ttl)
@@ -142,47 +128,8 @@ func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return fmt.Errorf("--out is required")
 	}
-	if !subjects.ValidSpace(*spaceName) || !subjects.ValidActor(*actor) {
-		return fmt.Errorf("--space %q or --actor %q is not valid", *spaceName, *actor)
-	}
-	if err := files.EnsureDir(*out); err != nil {
-		return err
-	}
-	identities := map[string]map[string]string{}
-	for _, d := range subjects.StandingDuties {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return err
-		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return err
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			return err
-		}
-		if err := files.WriteAtomic(filepath.Join(*out, string(d)+".nk"), append(seed, '\n'), files.Private); err != nil {
-			return err
-		}
-		identities[string(d)] = map[string]string{"id": pub}
-	}
-	rid := make([]byte, 18)
-	if _, err := rand.Read(rid); err != nil {
-		return err
-	}
-	prepare := map[string]any{
-		"v": 1, "kind": "manager-service-authority", "operation": "prepare",
-		"space": *spaceName, "actor": *actor,
-		"instanceId": instance.NewUID(), "managerLifecycleUid": instance.NewUID(),
-		"requestId":  base64.RawURLEncoding.EncodeToString(rid),
-		"identities": identities,
-	}
-	body, err := json.Marshal(prepare)
+	body, err := service.ManagerKeys(*out, *spaceName, *actor)
 	if err != nil {
-		return err
-	}
-	if err := files.WriteAtomic(filepath.Join(*out, "prepare.json"), append(body, '\n'), 0o644); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s\n", body)
