@@ -40,12 +40,17 @@ func Unimplemented(endpoint string) Func {
 	}
 }
 
+// Recorder records a decision (and logs it); a failed write is its own to log.
+type Recorder interface {
+	Record(ctx context.Context, d records.Decision)
+}
+
 // Guard is what every endpoint shares: the space, the limits, the recorder and the fence.
 type Guard struct {
 	Space    string
 	Timeout  time.Duration
 	Limiter  *Limiter
-	Recorder *records.Recorder
+	Recorder Recorder
 	Log      *slog.Logger
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too.

@@ -113,41 +113,12 @@ type outcome struct {
 }
 
 // ask sends body on endpoint as owner.actor over nc (which must use that principal's inbox
-// prefix) and decodes the answer.
+// prefix) and decodes the answer. body is marshalled, or sent as is if a string or []byte.
 func ask(t testing.TB, nc *nats.Conn, owner, actor, endpoint string, body any) outcome {
 	t.Helper()
-	var data []byte
-	switch b := body.(type) {
-	case []byte:
-		data = b
-	case string:
-		data = []byte(b)
-	default:
-		var err error
-		if data, err = json.Marshal(body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	msg, err := nc.Request(subjects.EndpointSubject(testSpace, endpoint, owner, actor), data, 10*time.Second)
-	if err != nil {
-		t.Fatalf("request %s as %s: %v", endpoint, subjects.Principal(owner, actor), err)
-	}
-	o := outcome{msg: msg}
-	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-		var e struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(msg.Data, &e); err != nil {
-			t.Fatalf("decode refusal %q: %v", msg.Data, err)
-		}
-		o.code, o.numeric, o.message = e.Error.Code, code, e.Error.Message
-		return o
-	}
-	if err := json.Unmarshal(msg.Data, &o.material); err != nil {
-		t.Fatalf("decode material %q: %v", msg.Data, err)
+	o := askAsync(nc, owner, actor, endpoint, body)
+	if o.code == "transport" {
+		t.Fatalf("request %s as %s: %s", endpoint, subjects.Principal(owner, actor), o.message)
 	}
 	return o
 }
@@ -195,15 +166,20 @@ func registered(t testing.TB, nc *nats.Conn, owner, actor string, m *managerKeys
 	return prep, act
 }
 
-func jsonMarshal(v any) ([]byte, error)      { return json.Marshal(v) }
-func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
-// askAsync is ask for a goroutine other than the test's: failures come back as the outcome's
-// code ("transport") instead of failing the test from the wrong goroutine.
-func askAsync(nc *nats.Conn, owner, actor, endpoint string, body map[string]any) outcome {
-	data, err := json.Marshal(body)
-	if err != nil {
-		return outcome{code: "transport", message: err.Error()}
+// askAsync is ask for any goroutine: a failure to get an answer comes back as the outcome's
+// code "transport" instead of failing the test from the wrong goroutine.
+func askAsync(nc *nats.Conn, owner, actor, endpoint string, body any) outcome {
+	var data []byte
+	switch b := body.(type) {
+	case []byte:
+		data = b
+	case string:
+		data = []byte(b)
+	default:
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			return outcome{code: "transport", message: err.Error()}
+		}
 	}
 	msg, err := nc.Request(subjects.EndpointSubject(testSpace, endpoint, owner, actor), data, 15*time.Second)
 	if err != nil {

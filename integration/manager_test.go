@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -332,10 +331,9 @@ func TestConcurrentRenewalsOfOneInstanceAllSucceed(t *testing.T) {
 			if i%2 == 1 {
 				op = "renewStandingBundle"
 			}
-			data := renewal(m.body(t, op, "cli"), act.NextRegistrationProof, account, 0)
-			o := askNoFatal(cli, ownerA, "cli", data)
-			if o.err != nil {
-				errs <- o.err
+			o := askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, op, "cli"), act.NextRegistrationProof, account, 0))
+			if o.code != "" || len(o.material.Credentials) == 0 {
+				errs <- fmt.Errorf("%s: got %q %q with %d credentials, want credentials", op, o.code, o.message, len(o.material.Credentials))
 			}
 		}()
 	}
@@ -344,32 +342,4 @@ func TestConcurrentRenewalsOfOneInstanceAllSucceed(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-}
-
-type looseOutcome struct {
-	creds int
-	err   error
-}
-
-// askNoFatal is ask for goroutines other than the test's: it reports instead of failing.
-func askNoFatal(nc *nats.Conn, owner, actor string, body map[string]any) looseOutcome {
-	data, err := jsonMarshal(body)
-	if err != nil {
-		return looseOutcome{err: err}
-	}
-	msg, err := nc.Request(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, owner, actor), data, 10*time.Second)
-	if err != nil {
-		return looseOutcome{err: err}
-	}
-	if code := msg.Header.Get("Nats-Service-Error"); code != "" {
-		return looseOutcome{err: errors.New(code)}
-	}
-	var m material
-	if err := jsonUnmarshal(msg.Data, &m); err != nil {
-		return looseOutcome{err: err}
-	}
-	if len(m.Credentials) == 0 {
-		return looseOutcome{err: fmt.Errorf("got no credentials in %s", msg.Data)}
-	}
-	return looseOutcome{creds: len(m.Credentials)}
 }

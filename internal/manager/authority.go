@@ -176,7 +176,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, note 
 	if g == nil {
 		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
-		if err := e.checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
+		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 			return nil, err
 		}
 		row = g.Row
@@ -196,15 +196,29 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, note 
 	return m, nil
 }
 
-// checkOwnGate refuses a gate that is not open or belongs to another owner.
-func (e *Engine) checkOwnGate(g *gate.Gate, owner, iid string) error {
+// checkOwner refuses a gate registered to another owner.
+func checkOwner(g *gate.Gate, owner, iid string) error {
 	if want := subjects.Principal(owner, subjects.ServeActor(iid)); g.Row.Principal != want {
 		return fault.New(fault.PermissionDenied, "instance %s is registered to another owner", iid)
 	}
+	return nil
+}
+
+// checkOpen refuses a frozen or retired gate.
+func checkOpen(g *gate.Gate, iid string) error {
 	if g.Row.State != gate.Open {
 		return fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", iid, g.Row.State)
 	}
 	return nil
+}
+
+// checkOwnGate refuses another owner's gate, then one that is not open: a stranger learns
+// nothing about the state of a gate that is not theirs.
+func checkOwnGate(g *gate.Gate, owner, iid string) error {
+	if err := checkOwner(g, owner, iid); err != nil {
+		return err
+	}
+	return checkOpen(g, iid)
 }
 
 // checkRegistration refuses identities or a lifecycle other than the registration's: a valid
@@ -236,7 +250,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, note
 	if g == nil {
 		return nil, fault.New(fault.FailedPrecondition, "instance %s is not registered; prepare it first", req.InstanceID)
 	}
-	if err := e.checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
+	if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 		return nil, err
 	}
 	if err := checkRegistration(g, req); err != nil {
@@ -276,10 +290,10 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, note *r
 	if g == nil {
 		return nil, fault.New(fault.FailedPrecondition, "instance %s is not registered; prepare it first", req.InstanceID)
 	}
-	if g.Row.State != gate.Open {
-		return nil, fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", req.InstanceID, g.Row.State)
+	if err := checkOpen(g, req.InstanceID); err != nil {
+		return nil, err
 	}
-	if err := e.checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
+	if err := checkOwner(g, caller.Owner, req.InstanceID); err != nil {
 		return nil, err
 	}
 	if *req.ProcessEpoch != g.Row.ProcessEpoch {
