@@ -110,7 +110,8 @@ func (h *handler) Handle(req micro.Request) {
 		reply, err = h.fn(ctx, call)
 		cancel()
 	}
-	if err == nil && g.Fenced() {
+	switch {
+	case err == nil && g.Fenced():
 		// It committed before the fence, but a fenced plane answers nothing more: withhold it,
 		// and record what is withheld.
 		var creds []records.Credential
@@ -118,12 +119,13 @@ func (h *handler) Handle(req micro.Request) {
 			creds = m.MintedCredentials()
 		}
 		h.record(records.Discarded, call, errFenced, creds)
-		h.respond(req, nil, errFenced)
-		return
-	}
-	if err != nil {
+		reply, err = nil, errFenced
+	case err != nil:
 		if f := fault.As(err); !f.Recorded {
 			h.record(records.Refused, call, f, nil)
+		}
+		if g.Fenced() {
+			err = errFenced // in flight when the fence came: answered unavailable
 		}
 	}
 	h.respond(req, reply, err)
