@@ -11,9 +11,13 @@ import (
 	"github.com/cotal-ai/authplane/internal/gate"
 )
 
-func userKey(t *testing.T) string {
+func userKey(t *testing.T) string { return newKey(t, nkeys.CreateUser) }
+
+func accountKey(t *testing.T) string { return newKey(t, nkeys.CreateAccount) }
+
+func newKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
 	t.Helper()
-	kp, err := nkeys.CreateUser()
+	kp, err := create()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,16 +140,4 @@ func with(b map[string]any, kv ...any) map[string]any {
 		b[kv[i].(string)] = kv[i+1]
 	}
 	return b
-}
-
-func accountKey(t *testing.T) string {
-	kp, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub
 }
