@@ -67,10 +67,12 @@ type Plane struct {
 	serveNC  *nats.Conn
 	stores   *store.Stores
 	recorder *records.Recorder
-	manager  *manager.Engine
-	svc      micro.Service
-	httpSrv  *http.Server
-	httpURL  string
+	// dataIssuer signs every user of the data account: the plane's serving user and mints.
+	dataIssuer *mint.Issuer
+	manager    *manager.Engine
+	svc        micro.Service
+	httpSrv    *http.Server
+	httpURL    string
 
 	fenced   atomic.Bool
 	stop     context.CancelFunc
@@ -155,11 +157,11 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, fmt.Errorf("register instance %s: %w", p.identity.InstanceID, err)
 	}
 
-	dataIssuer, err := mint.NewIssuer(p.material.Data.Public(), p.material.Data.Signer, cfg.Now)
-	if err != nil {
+	// One issuer for the data account: its signing key is derived once, for every user of it.
+	if p.dataIssuer, err = mint.NewIssuer(p.material.Data.Public(), p.material.Data.Signer, cfg.Now); err != nil {
 		return nil, err
 	}
-	if p.serveNC, err = p.connect("serving", dataIssuer, subjects.ServingGrant(cfg.Space)); err != nil {
+	if p.serveNC, err = p.connect("serving", p.dataIssuer, subjects.ServingGrant(cfg.Space)); err != nil {
 		return nil, err
 	}
 	if err := p.addService(); err != nil {
@@ -308,10 +310,6 @@ func (p *Plane) addService() error {
 
 func (p *Plane) managerEngine() (*manager.Engine, error) {
 	m := p.material
-	issuer, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, p.cfg.Now)
-	if err != nil {
-		return nil, err
-	}
 	key, err := manager.ProofKey(m.Data.Signer)
 	if err != nil {
 		return nil, err
@@ -321,7 +319,7 @@ func (p *Plane) managerEngine() (*manager.Engine, error) {
 		Account:     m.Data.Public(),
 		Gates:       p.stores.Auth,
 		Ledger:      p.stores.Actors,
-		Issuer:      issuer,
+		Issuer:      p.dataIssuer,
 		ProofKey:    key,
 		Records:     p.recorder,
 		StandingTTL: p.cfg.StandingTTL,
