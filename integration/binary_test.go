@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -83,13 +82,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw, err := io.ReadAll(resp.Body)
-		if cerr := resp.Body.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		raw := readBody(t, resp)
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("GET /health: got status %d, want 200", resp.StatusCode)
 		}
@@ -312,13 +305,7 @@ func TestBinaryFencedServeExitsNonZero(t *testing.T) {
 	proc := startAuthplane(t, "serve", "--nats-url", s.URL(), "--space-dir", s.spaceDir, "--dir", dirA, "--http-port", "0", "--workers", "1")
 	waitReady(t, proc, dirA)
 
-	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	copyIdentity(t, dirA, dirB)
 	b := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
 	if got := b.Epoch(); got != 1 {
 		t.Errorf("plane B: got epoch %d, want 1", got)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/service"
@@ -41,11 +43,10 @@ func (pp *pausePoint) wait(t testing.TB) {
 	}
 }
 
-// TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit: a mint paused between signing and
-// committing while a re-registration lands is refused, returns no credential, and leaves
-// `minted` followed by `discarded`.
-func TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit(t *testing.T) {
-	t.Parallel()
+// pausedPlane starts a plane whose next armed mint pauses before its commit, with one manager
+// registered by ownerA.cli (who holds supervise).
+func pausedPlane(t *testing.T) (*pausePoint, *service.Plane, *nats.Conn, *managerKeys, material) {
+	t.Helper()
 	pp := newPausePoint()
 	p := startPlane(t, func(c *service.Config) {
 		c.Workers = 4
@@ -53,9 +54,18 @@ func TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit(t *testing.T) {
 	})
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
-	account := p.Material().Data.Public()
 	m := newManagerKeys(t)
 	_, act := registered(t, cli, ownerA, "cli", m)
+	return pp, p, cli, m, act
+}
+
+// TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit: a mint paused between signing and
+// committing while a re-registration lands is refused, returns no credential, and leaves
+// `minted` followed by `discarded`.
+func TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit(t *testing.T) {
+	t.Parallel()
+	pp, p, cli, m, act := pausedPlane(t)
+	account := p.Material().Data.Public()
 
 	pp.armed.Store(true)
 	body := renewal(m.body(t, "renewStandingBundle", "cli"), act.NextRegistrationProof, account, 0)
@@ -95,16 +105,8 @@ func TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit(t *testing.T) {
 // commit (the gate's content unchanged) retries and succeeds.
 func TestCommitFenceRetriesWhenOnlyAnotherMintCommitted(t *testing.T) {
 	t.Parallel()
-	pp := newPausePoint()
-	p := startPlane(t, func(c *service.Config) {
-		c.Workers = 4
-		c.Hooks = &service.Hooks{BeforeCommit: pp.hook}
-	})
-	grant(t, p, ownerA, "cli", "supervise")
-	cli := callerConn(t, p, ownerA, "cli")
+	pp, p, cli, m, act := pausedPlane(t)
 	account := p.Material().Data.Public()
-	m := newManagerKeys(t)
-	_, act := registered(t, cli, ownerA, "cli", m)
 	before := gateRevision(t, p, m.iid)
 
 	pp.armed.Store(true)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -596,4 +598,30 @@ func newKey(t testing.TB, create func() (nkeys.KeyPair, error)) string {
 		t.Fatal(err)
 	}
 	return pub
+}
+
+// copyIdentity copies the plane identity in dir from into dir to, as an operator copying a
+// state directory to a second host would.
+func copyIdentity(t testing.TB, from, to string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(from, instance.IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(to, instance.IdentityFile), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readBody reads and closes an HTTP response's body.
+func readBody(t testing.TB, resp *http.Response) []byte {
+	t.Helper()
+	raw, err := io.ReadAll(resp.Body)
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }

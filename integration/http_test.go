@@ -2,7 +2,6 @@ package integration
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -43,13 +42,7 @@ func TestHealthAnswersOnlyOnItsExactPath(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			raw, err := io.ReadAll(resp.Body)
-			if cerr := resp.Body.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			raw := readBody(t, resp)
 			if resp.StatusCode != tt.status {
 				t.Errorf("%s %s: got status %d, want %d", tt.method, tt.path, resp.StatusCode, tt.status)
 			}

@@ -182,13 +182,7 @@ func TestNewerRegistrationOfTheSameIdentityFencesTheOlderPlane(t *testing.T) {
 	}
 	idA := a.ServiceID()
 
-	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	copyIdentity(t, dirA, dirB)
 	b := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
 	registered := time.Now()
 	if b.InstanceID() != a.InstanceID() {
@@ -265,14 +259,8 @@ func TestFencedPlaneAnswersARequestInFlightUnavailable(t *testing.T) {
 		t.Fatal("the prepare never reached its commit")
 	}
 
-	raw, err := os.ReadFile(filepath.Join(dirA, instance.IdentityFile))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dirB := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dirB, instance.IdentityFile), raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	copyIdentity(t, dirA, dirB)
 	startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
 	select {
 	case <-a.Done():

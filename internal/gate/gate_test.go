@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 )
 
@@ -96,14 +95,7 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			faults := 1
-			kv.Fault = func(string) (error, bool) {
-				if faults == 0 {
-					return nil, true
-				}
-				faults--
-				return fmt.Errorf("timeout: %w", store.ErrUnknownOutcome), lands
-			}
+			kv.Fault = storetest.FailOnce(lands)
 			if err := Commit(ctx(t), kv, g); err != nil {
 				t.Fatalf("got %v, want the commit settled and landed", err)
 			}
@@ -118,14 +110,7 @@ func TestTransitionRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	faults := 1
-	kv.Fault = func(string) (error, bool) {
-		if faults == 0 {
-			return nil, true
-		}
-		faults--
-		return fmt.Errorf("leader changed: %w", store.ErrUnknownOutcome), true // it did land
-	}
+	kv.Fault = storetest.FailOnce(true)
 	next := g.Row
 	next.ProcessEpoch++
 	ng, err := Transition(ctx(t), kv, "g", g, next)
@@ -197,14 +182,7 @@ func TestParseRefusesRowsThatBreakTheSchema(t *testing.T) {
 
 func TestTransitionRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
 	kv := newMemKV()
-	faults := 1
-	kv.Fault = func(string) (error, bool) {
-		if faults == 0 {
-			return nil, true
-		}
-		faults--
-		return fmt.Errorf("timeout: %w", store.ErrUnknownOutcome), false
-	}
+	kv.Fault = storetest.FailOnce(false)
 	g, err := Transition(ctx(t), kv, "g", nil, openRow())
 	if err != nil {
 		t.Fatalf("got %v, want the create retried and landed", err)

@@ -208,14 +208,7 @@ func TestAGateWithADeleteMarkerSignsNothing(t *testing.T) {
 
 func TestPrepareRetriesAFirstCreateOfUnknownOutcome(t *testing.T) {
 	env := newEngineEnv(t)
-	faults := 1
-	env.gates.Fault = func(string) (error, bool) {
-		if faults == 0 {
-			return nil, true
-		}
-		faults--
-		return fmt.Errorf("leader changed: %w", store.ErrUnknownOutcome), false
-	}
+	env.gates.Fault = storetest.FailOnce(false)
 	m, err := env.serve(t, env.request(t, OpPrepare))
 	if err != nil || len(m.Credentials) != 2 || m.ProcessEpoch != 0 {
 		t.Fatalf("got %v, %v; want the prepare to land at epoch 0", m, err)

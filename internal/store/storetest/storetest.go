@@ -28,6 +28,22 @@ type entry struct {
 	deleted bool
 }
 
+// FailOnce returns a Fault that answers the next write with a store.ErrUnknownOutcome (lands
+// says whether that write happens anyway) and lets every later write through.
+func FailOnce(lands bool) func(string) (error, bool) {
+	var mu sync.Mutex
+	failed := false
+	return func(key string) (error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed {
+			return nil, true
+		}
+		failed = true
+		return fmt.Errorf("write %s timed out: %w", key, store.ErrUnknownOutcome), lands
+	}
+}
+
 // New returns an empty bucket.
 func New() *KV { return &KV{entries: map[string]entry{}} }
 
