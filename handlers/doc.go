@@ -1,5 +1,5 @@
-// Package handlers serves the plane's micro endpoints: one file per endpoint, and the one
-// table that turns a domain refusal into a wire error. Every request first passes the reply
-// check (answered only into the caller's own inbox), the per-principal rate limit and a
-// deadline; every refusal past them is recorded.
+// Package handlers serves the plane's endpoints: one file per endpoint, the one guard every
+// call passes whatever carried it (the caller, the rate limit, the deadline, the plane's own
+// fence, the refusal record), and the bus transport (micro service instances that answer only
+// into the caller's own inbox). The wire forms of a refusal come from package fault's table.
 package handlers

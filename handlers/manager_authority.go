@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/manager"
@@ -26,22 +27,23 @@ var runKinds = map[string]bool{
 // Refusals: bad-request, unimplemented, permission-denied, failed-precondition, conflict,
 // resource-exhausted, unavailable, internal (see manager.Engine.ServiceAuthority).
 func ManagerAuthority(e *manager.Engine) Func {
-	return func(ctx context.Context, c *Call) (any, error) {
-		kind, err := body.Peek(c.Data, "kind")
+	return func(ctx context.Context, c Call) (any, audit.Request, error) {
+		about := c.About()
+		kind, err := body.Peek(c.Body, "kind")
 		if err != nil {
-			return nil, err
+			return nil, about, err
 		}
 		if kind == manager.Kind || runKinds[kind] {
-			c.Note.Kind = kind // only a known kind reaches the records
+			about.Kind = kind // only a known kind reaches the records
 		}
 		switch {
 		case kind == manager.Kind:
-			return e.ServiceAuthority(ctx, manager.Caller{Owner: c.Owner, Actor: c.Actor}, c.Data, c.Note)
+			return e.ServiceAuthority(ctx, manager.Caller{Owner: c.Owner, Actor: c.Actor}, about, c.Body)
 		case runKinds[kind]:
-			return nil, fault.New(fault.Unimplemented, "%s lands with workflow runs; not implemented by this plane yet", kind)
+			return nil, about, fault.New(fault.Unimplemented, "%s lands with workflow runs; not implemented by this plane yet", kind)
 		case kind == "":
-			return nil, fault.Field("kind", "missing")
+			return nil, about, fault.Field("kind", "missing")
 		}
-		return nil, fault.Field("kind", "%q is not a manager-authority kind", kind)
+		return nil, about, fault.Field("kind", "%q is not a manager-authority kind", kind)
 	}
 }

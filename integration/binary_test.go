@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -30,16 +31,16 @@ import (
 )
 
 // waitReady waits for proc's auth-service.json in dir, failing at once if proc exits first.
-func waitReady(t *testing.T, proc *process, dir string) service.ServiceInfo {
+func waitReady(t *testing.T, proc *process, dir string) admin.ServiceInfo {
 	t.Helper()
-	var info service.ServiceInfo
+	var info admin.ServiceInfo
 	checkFor(t, 30*time.Second, 25*time.Millisecond, func() error {
 		select {
 		case <-proc.done:
 			t.Fatalf("authplane %v exited before it was ready: %v\nstderr:\n%s", proc.cmd.Args[1:], proc.err, proc.stderr.String())
 		default:
 		}
-		raw, err := os.ReadFile(filepath.Join(dir, service.ServiceInfoFile))
+		raw, err := os.ReadFile(filepath.Join(dir, admin.ServiceInfoFile))
 		if err != nil {
 			return err
 		}
@@ -62,7 +63,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if c, err := hex.DecodeString(info.Cap); err != nil || len(c) < 32 {
 			t.Errorf("auth-service.json cap: got %q, want at least 32 random bytes in hex", info.Cap)
 		}
-		fi, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile))
+		fi, err := os.Stat(filepath.Join(dir, admin.ServiceInfoFile))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,11 +109,11 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 			t.Errorf("creds file: got mode %o, want 600", fi.Mode().Perm())
 		}
 		nc := connectCreds(t, info.NATSURL, out, ownerA, "cli")
-		srv := serviceInfo(t, nc)
-		checkFiveEndpoints(t, srv, 3)
-		if srv.Metadata["epoch"] != "0" || !subjects.ValidUID(srv.Metadata["instance"]) {
-			t.Errorf("$SRV.INFO metadata: got %v, want epoch 0 and an instance id", srv.Metadata)
+		instances := serviceInstances(t, nc)
+		if len(instances) == 0 || !subjects.ValidUID(instances[0].Metadata["instance"]) {
+			t.Fatalf("$SRV.INFO: got %v, want answers naming an instance id", instances)
 		}
+		checkInstances(t, instances, 3, instances[0].Metadata["instance"], 0)
 	})
 
 	t.Run("the stock nats CLI lists the service with a creds file and the inbox prefix", func(t *testing.T) {
@@ -139,7 +140,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if err := json.Unmarshal(raw, &got); err != nil {
 			t.Fatalf("nats micro info --json %q: %v", raw, err)
 		}
-		checkFiveEndpoints(t, got.Info, 3)
+		checkFiveEndpoints(t, got.Info)
 	})
 
 	t.Run("grant writes a ledger row readable in the actors bucket", func(t *testing.T) {
@@ -189,7 +190,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 	if code := proc.wait(t, 15*time.Second); code != 0 {
 		t.Errorf("serve after SIGTERM: exit %d, want 0\nstderr:\n%s", code, proc.stderr.String())
 	}
-	if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, admin.ServiceInfoFile)); !os.IsNotExist(err) {
 		t.Errorf("after SIGTERM: stat auth-service.json: %v, want it removed", err)
 	}
 }
@@ -228,7 +229,7 @@ func TestBinaryServeRefusesAPortInUseNamingItsFlag(t *testing.T) {
 				if strings.Contains(stderr, "panic") {
 					t.Errorf("attempt %d: serve stderr: got a panic, want one clear error:\n%s", attempt, stderr)
 				}
-				if _, err := os.Stat(filepath.Join(dir, service.ServiceInfoFile)); !os.IsNotExist(err) {
+				if _, err := os.Stat(filepath.Join(dir, admin.ServiceInfoFile)); !os.IsNotExist(err) {
 					t.Errorf("attempt %d: after the refused serve: stat auth-service.json: %v, want none", attempt, err)
 				}
 			}
@@ -278,8 +279,7 @@ func TestBinaryInitWritesAConfigThatNATSServerAcceptsAndAPlaneServesOn(t *testin
 	srv := runServerConf(t, filepath.Join(spaceDir, "nats-server.conf"))
 	p := startPlane(t, func(c *service.Config) { c.NATSURL, c.SpaceDir, c.Space = srv.ClientURL(), spaceDir, "demo" })
 	nc := callerConn(t, p, ownerA, "cli")
-	info := serviceInfo(t, nc)
-	checkFiveEndpoints(t, info, 2)
+	checkInstances(t, serviceInstances(t, nc), 2, p.InstanceID(), 0)
 
 	// A second init reuses the material and never overwrites it.
 	code, stdout, stderr = runAuthplane(t, 30*time.Second, args...)
@@ -316,7 +316,7 @@ func TestBinaryFencedServeExitsNonZero(t *testing.T) {
 	if stderr := proc.stderr.String(); !strings.Contains(stderr, "fenced") {
 		t.Errorf("fenced serve stderr: got %q, want it to say it was fenced", stderr)
 	}
-	if _, err := os.Stat(filepath.Join(dirA, service.ServiceInfoFile)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dirA, admin.ServiceInfoFile)); !os.IsNotExist(err) {
 		t.Errorf("fenced serve: stat auth-service.json: %v, want it removed", err)
 	}
 }

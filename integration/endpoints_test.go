@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -80,19 +79,18 @@ func TestEndpointsNotLandedAnswerUnimplementedAndAuditTheRefusal(t *testing.T) {
 			}
 			refusal(t, msg, "unimplemented", "501")
 
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			subject := subjects.AuditSubject(testSpace, records.Refused, ownerA, actor)
-			raw, err := p.Stores().LastRecord(ctx, subjects.AuditStream(testSpace), subject)
+			subject := subjects.AuditSubject(testSpace, "refused", ownerA, actor)
+			m, err := lastMsg(t, p, subjects.AuditStream(testSpace), subject)
 			if err != nil {
 				t.Fatalf("audit record on %s: %v", subject, err)
 			}
-			var rec records.Decision
+			raw := m.Data
+			var rec decisionRecord
 			if err := json.Unmarshal(raw, &rec); err != nil {
 				t.Fatalf("audit record %q: %v", raw, err)
 			}
-			want := records.Decision{V: 1, Decision: records.Refused, Code: "unimplemented",
-				Request: records.Request{Endpoint: tt.endpoint, Caller: subjects.Principal(ownerA, actor)}}
+			want := decisionRecord{V: 1, Decision: "refused", Code: "unimplemented",
+				Endpoint: tt.endpoint, Caller: subjects.Principal(ownerA, actor)}
 			got := rec
 			got.Message, got.At = "", 0
 			if !jsonEqual(got, want) {
@@ -143,14 +141,14 @@ func TestRateLimitRefusesAFloodingPrincipalWhileOthersAreServed(t *testing.T) {
 		t.Errorf("another principal during the flood: got %q, want it served by the endpoint", msg.Header.Get("Nats-Service-Error"))
 	}
 
-	if c := counters(t, ncB, endpoint); c.Throttled != 1 {
+	if c := counters(t, p, ncB, endpoint); c.Throttled != 1 {
 		t.Errorf("%s data.throttled: got %d, want 1", endpoint, c.Throttled)
 	}
 	// Throttled requests are counted, not audited: only the two served ones left a record.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	subject := subjects.AuditSubject(testSpace, records.Refused, ownerA, actor)
-	st, err := p.Stores().JetStream().Stream(ctx, subjects.AuditStream(testSpace))
+	subject := subjects.AuditSubject(testSpace, "refused", ownerA, actor)
+	st, err := p.JS(t).Stream(ctx, subjects.AuditStream(testSpace))
 	if err != nil {
 		t.Fatal(err)
 	}

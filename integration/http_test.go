@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -69,4 +70,17 @@ func TestHealthAnswersOnlyOnItsExactPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readBody reads and closes an HTTP response's body.
+func readBody(t testing.TB, resp *http.Response) []byte {
+	t.Helper()
+	raw, err := io.ReadAll(resp.Body)
+	if cerr := resp.Body.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }

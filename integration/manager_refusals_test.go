@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/cotal-ai/authplane/internal/records"
-	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -19,7 +15,7 @@ import (
 // own manager instance.
 type refusalEnv struct {
 	t       *testing.T
-	p       *service.Plane
+	p       *testPlane
 	account string
 }
 
@@ -194,10 +190,9 @@ func refusalCases() []refusalCase {
 // credential, leaves every fence and every minted record as it was, and is recorded `refused`.
 func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
 	p := startPlane(t, nil)
-	env := &refusalEnv{t: t, p: p, account: p.Material().Data.Public()}
+	env := &refusalEnv{t: t, p: p, account: p.Keys().Data.Public()}
 	grant(t, p, ownerA, "prepper", "supervise")
 	prepper := callerConn(t, p, ownerA, "prepper")
-	js := p.Stores().JetStream()
 
 	cases := refusalCases()
 	if len(cases) < 30 {
@@ -228,10 +223,10 @@ func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
 			nc := callerConn(t, p, owner, c.actor)
 			body := rc.build(c)
 
-			authBefore, mintedBefore := lastSeq(t, js, subjects.AuthBucket(testSpace)), lastSeq(t, js, subjects.MintedStream(testSpace))
+			authBefore, mintedBefore := lastSeq(t, p, subjects.AuthBucket(testSpace)), lastSeq(t, p, subjects.MintedStream(testSpace))
 			o := ask(t, nc, owner, c.actor, subjects.EndpointManagerAuthority, body)
 			if o.code != rc.code {
-				t.Fatalf("got %q (%s) %q, want %q", o.code, o.numeric, o.message, rc.code)
+				t.Fatalf("got %q (%d) %q, want %q", o.code, o.numeric, o.message, rc.code)
 			}
 			if len(o.material.Credentials) != 0 || strings.Contains(string(o.msg.Data), "jwt") {
 				t.Fatalf("a refusal carried credentials: %s", o.msg.Data)
@@ -239,13 +234,13 @@ func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
 			if got := o.msg.Header.Get("Nats-Service-Error"); !strings.HasPrefix(got, rc.code+": ") {
 				t.Errorf("got Nats-Service-Error %q, want it to start %q", got, rc.code+": ")
 			}
-			if after := lastSeq(t, js, subjects.AuthBucket(testSpace)); after != authBefore {
+			if after := lastSeq(t, p, subjects.AuthBucket(testSpace)); after != authBefore {
 				t.Errorf("the fence bucket moved from %d to %d; a refusal must change no fence", authBefore, after)
 			}
-			if after := lastSeq(t, js, subjects.MintedStream(testSpace)); after != mintedBefore {
+			if after := lastSeq(t, p, subjects.MintedStream(testSpace)); after != mintedBefore {
 				t.Errorf("the minted stream moved from %d to %d; a refusal before signing mints nothing", mintedBefore, after)
 			}
-			d := lastDecision(t, p, records.Refused, owner, c.actor)
+			d := lastDecision(t, p, "refused", owner, c.actor)
 			if d.Code != rc.code || d.Endpoint != subjects.EndpointManagerAuthority || d.Caller != subjects.Principal(owner, c.actor) {
 				t.Errorf("got refused record %+v, want code %s from %s", d, rc.code, subjects.Principal(owner, c.actor))
 			}
@@ -253,48 +248,13 @@ func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
 	}
 }
 
-// lastSeq is the last sequence of a stream (KV_<bucket> for a bucket name).
-func lastSeq(t testing.TB, js jetstream.JetStream, name string) uint64 {
-	t.Helper()
-	if !strings.HasPrefix(name, "cotal_witness_") && !strings.HasPrefix(name, "cotal_minted_") && !strings.HasPrefix(name, "cotal_audit_") {
-		name = "KV_" + name
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	return info.State.LastSeq
-}
-
-// lastDecision is the newest audit record of decision from owner.actor.
-func lastDecision(t testing.TB, p *service.Plane, decision, owner, actor string) records.Decision {
-	t.Helper()
-	var d records.Decision
-	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		data, err := p.Stores().LastRecord(ctx, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, decision, owner, actor))
-		if err != nil {
-			return fmt.Errorf("no %s record for %s: %w", decision, subjects.Principal(owner, actor), err)
-		}
-		return json.Unmarshal(data, &d)
-	})
-	return d
-}
-
 // setGate rewrites the manager gate of iid into state ("frozen" or "retired", with a
 // retirement op) or leaves a delete marker ("deleted"), as a fence writer or an operator would.
-func setGate(t testing.TB, p *service.Plane, iid, state string) {
+func setGate(t testing.TB, p *testPlane, iid, state string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, js := planeConn(t, p.Material(), p.NATSURL())
+	_, js := planeConn(t, p.Keys(), p.NATSURL())
 	kv, err := js.KeyValue(ctx, subjects.AuthBucket(testSpace))
 	if err != nil {
 		t.Fatal(err)

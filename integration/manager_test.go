@@ -23,7 +23,7 @@ func TestManagerFlowMintsCredentialsTheBrokerAcceptsAndConfines(t *testing.T) {
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
 	m := newManagerKeys(t)
-	account := p.Material().Data.Public()
+	account := p.Keys().Data.Public()
 
 	prep := mustMint(t, cli, ownerA, "cli", m.body(t, "prepare", "cli"))
 	wantDuties(t, "prepare", prep, "supervisor", "executor")
@@ -247,7 +247,7 @@ func TestReRegistrationAdvancesTheEpochAndFencesTheOldOne(t *testing.T) {
 	p := startPlane(t, nil)
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
-	account := p.Material().Data.Public()
+	account := p.Keys().Data.Public()
 	m := newManagerKeys(t)
 	first, act := registered(t, cli, ownerA, "cli", m)
 
@@ -256,8 +256,8 @@ func TestReRegistrationAdvancesTheEpochAndFencesTheOldOne(t *testing.T) {
 		t.Fatalf("re-registration: got epoch %d, want %d", second.ProcessEpoch, first.ProcessEpoch+1)
 	}
 	o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, first.ProcessEpoch))
-	if o.code != "conflict" || o.numeric != "409" || !strings.Contains(o.message, "processEpoch is stale") {
-		t.Fatalf("renew at the old epoch: got %s %s %q, want conflict 409 processEpoch is stale", o.code, o.numeric, o.message)
+	if o.code != "conflict" || o.numeric != 409 || !strings.Contains(o.message, "processEpoch is stale") {
+		t.Fatalf("renew at the old epoch: got %s %d %q, want conflict 409 processEpoch is stale", o.code, o.numeric, o.message)
 	}
 	o = ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, second.ProcessEpoch))
 	if o.code != "permission-denied" {
@@ -282,7 +282,7 @@ func TestManagerRenewsAsItsOwnSupervisor(t *testing.T) {
 	p := startPlane(t, nil)
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
-	account := p.Material().Data.Public()
+	account := p.Keys().Data.Public()
 	m, other := newManagerKeys(t), newManagerKeys(t)
 	prep, act := registered(t, cli, ownerA, "cli", m)
 	_, otherAct := registered(t, cli, ownerA, "cli", other)
@@ -316,7 +316,7 @@ func TestConcurrentRenewalsOfOneInstanceAllSucceed(t *testing.T) {
 	p := startPlane(t, func(c *service.Config) { c.Workers = 8 })
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
-	account := p.Material().Data.Public()
+	account := p.Keys().Data.Public()
 	m := newManagerKeys(t)
 	_, act := registered(t, cli, ownerA, "cli", m)
 

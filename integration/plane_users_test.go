@@ -25,7 +25,7 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	})
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
-	account := p.Material().Data.Public()
+	account := p.Keys().Data.Public()
 	m := newManagerKeys(t)
 	_, act := registered(t, cli, ownerA, "cli", m)
 

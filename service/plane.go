@@ -2,12 +2,8 @@ package service
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,65 +18,71 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/httpface"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// ServiceInfoFile is the readiness file written last into the state directory.
-const ServiceInfoFile = "auth-service.json"
-
-// ServiceInfo is the content of auth-service.json: where a local client finds the plane.
-type ServiceInfo struct {
-	Ver      int    `json:"ver"`
-	URL      string `json:"url"`
-	NATSURL  string `json:"natsUrl"`
-	SpaceDir string `json:"spaceDir"`
-	PID      int    `json:"pid"`
-	Cap      string `json:"cap"`
-}
-
 // ErrFenced is what Err and Close report when a newer registration of this instance fenced
 // the plane.
 var ErrFenced = instance.ErrFenced
 
+// Info is what a started plane tells whoever started it: where it serves and what it is.
+type Info struct {
+	Space      string
+	InstanceID string
+	// Epoch is the process epoch this start registered.
+	Epoch   uint64
+	NATSURL string
+	HTTPURL string
+	// SpaceDir holds the space material; CreatedMaterial says this start wrote it.
+	SpaceDir        string
+	CreatedMaterial bool
+	// Embedded says the plane runs its own nats-server.
+	Embedded bool
+}
+
 // Plane is a running authority plane.
 type Plane struct {
-	cfg      Config
-	log      *slog.Logger
-	lock     *instance.Lock
-	material *space.Material
-	created  bool
-	broker   *broker.Broker
-	natsURL  string
+	cfg  Config
+	log  *slog.Logger
+	info Info
+
+	keys     *space.Keys
 	identity instance.Identity
 	gate     *gate.Gate
-	storeNC  *nats.Conn
-	serveNC  *nats.Conn
 	stores   *store.Stores
-	recorder *records.Recorder
-	// dataIssuer signs every user of the data account: the plane's serving user and mints.
-	dataIssuer *mint.Issuer
-	manager    *manager.Engine
-	svc        micro.Service
-	httpSrv    *http.Server
-	httpURL    string
+	svcs     []micro.Service
 
-	fenced   atomic.Bool
-	stop     context.CancelFunc
+	fenced atomic.Bool
+	// closers tear the plane down in the reverse order Start built it.
+	closers  []closer
 	bg       sync.WaitGroup
 	done     chan struct{}
 	doneOnce sync.Once
 	err      error
 	closing  sync.Once
+	closeErr error
+}
+
+// closer is one step of the teardown.
+type closer struct {
+	what string
+	fn   func() error
+}
+
+// onClose pushes a teardown step; Close runs them last pushed, first run.
+func (p *Plane) onClose(what string, fn func() error) {
+	p.closers = append(p.closers, closer{what, fn})
 }
 
 // Start brings the plane up in the order DESIGN §3 and §6.7 give; auth-service.json is written
@@ -90,62 +92,52 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	p.info.Space = cfg.Space
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
 		}
 	}()
 
-	if p.lock, err = instance.Acquire(cfg.Dir); err != nil {
+	lock, err := instance.Acquire(cfg.Dir)
+	if err != nil {
 		return nil, err
 	}
+	p.onClose("release the state directory", lock.Release)
+	// Every goroutine of the plane has ended before the lock is given up.
+	p.onClose("wait for the plane's goroutines", func() error { p.bg.Wait(); return nil })
 	// A stale readiness file from a crashed run must not point anyone at a dead plane.
-	if err := os.Remove(filepath.Join(cfg.Dir, ServiceInfoFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := instance.RemoveServiceInfo(cfg.Dir); err != nil {
 		return nil, err
 	}
-	if err := p.loadMaterial(); err != nil {
+	if err := p.loadKeys(); err != nil {
 		return nil, err
 	}
 	if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
 		return nil, err
 	}
-
-	p.natsURL = cfg.NATSURL
-	if p.natsURL == "" {
-		p.broker, err = broker.Start(p.material, broker.Options{
-			Dir:    filepath.Join(cfg.Dir, "nats"),
-			Port:   cfg.NATSPort,
-			Name:   "authplane-" + p.identity.InstanceID,
-			Logger: p.log.With("component", "nats-server"),
-		})
-		if errors.Is(err, broker.ErrPortInUse) {
-			return nil, fmt.Errorf("--nats-port %d: %w (pick another port, or 0 for a free one)", cfg.NATSPort, err)
-		}
-		if err != nil {
-			return nil, err
-		}
-		p.natsURL = p.broker.ClientURL()
+	p.info.InstanceID = p.identity.InstanceID
+	if err := p.startBroker(); err != nil {
+		return nil, err
 	}
 
-	bg, stop := context.WithCancel(context.Background())
-	p.stop = stop
-
-	planeIssuer, err := mint.NewIssuer(p.material.Plane.Public(), p.material.Plane.Signer, cfg.Now)
+	planeIssuer, err := mint.NewIssuer(p.keys.Plane.Public(), p.keys.Plane.Signer, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
-	if p.storeNC, err = p.connect("store", planeIssuer, subjects.StoreGrant(cfg.Space)); err != nil {
+	storeNC, err := p.connect("store", planeIssuer, subjects.StorePermissions(cfg.Space))
+	if err != nil {
 		return nil, err
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
+	p.stores, err = store.Open(openCtx, storeNC, cfg.Space, store.Options{
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
@@ -154,73 +146,105 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
-		return nil, fmt.Errorf("register instance %s: %w", p.identity.InstanceID, err)
+		return nil, err
 	}
+	p.info.Epoch = p.gate.Row.ProcessEpoch
 
 	// One issuer for the data account: its signing key is derived once, for every user of it.
-	if p.dataIssuer, err = mint.NewIssuer(p.material.Data.Public(), p.material.Data.Signer, cfg.Now); err != nil {
+	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
+	if err != nil {
 		return nil, err
 	}
-	if p.serveNC, err = p.connect("serving", p.dataIssuer, subjects.ServingGrant(cfg.Space)); err != nil {
+	serveNC, err := p.connect("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
+	if err != nil {
 		return nil, err
 	}
-	if err := p.addService(); err != nil {
+	if err := p.serveBus(serveNC, dataIssuer); err != nil {
 		return nil, err
 	}
-	// Watch from here on: the watch's first value is the gate as it is now, so an epoch that
-	// moved since the registration fences at once.
-	p.bg.Add(1)
-	go func() {
-		defer p.bg.Done()
-		if err := instance.Watch(bg, p.stores.Auth, p.gate); err != nil && bg.Err() == nil {
-			p.fence(err)
-		}
-	}()
+	p.watchFence()
 	if err := p.serveHTTP(); err != nil {
 		return nil, err
 	}
-	if err := p.writeServiceInfo(); err != nil {
+	if err := instance.WriteServiceInfo(cfg.Dir, instance.ServiceInfo{
+		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: ids.Secret(32),
+	}); err != nil {
 		return nil, err
 	}
+	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
-		"epoch", p.gate.Row.ProcessEpoch, "nats", p.natsURL, "http", p.httpURL)
+		"epoch", p.info.Epoch, "nats", p.info.NATSURL, "http", p.info.HTTPURL)
 	return p, nil
 }
 
-// loadMaterial loads the space material, creating it on a first embedded start. Against an
+// Info says where the plane serves and what it is.
+func (p *Plane) Info() Info { return p.info }
+
+// loadKeys loads the space material, creating it on a first embedded start. Against an
 // existing cluster the material must be the one its servers were configured from (`authplane
 // init`), so it is never created there.
-func (p *Plane) loadMaterial() error {
+func (p *Plane) loadKeys() error {
 	dir := p.cfg.SpaceDirOrDefault()
 	if p.cfg.NATSURL == "" {
 		var err error
-		p.material, p.created, err = space.LoadOrCreate(dir, p.cfg.Space)
+		p.keys, p.info.CreatedMaterial, err = space.LoadOrCreate(dir, p.cfg.Space)
+		if err != nil {
+			return err
+		}
+	} else {
+		k, err := space.Load(dir)
+		if errors.Is(err, space.ErrNotFound) {
+			return fmt.Errorf("--nats-url needs the space material its servers were set up with: none in %s (write it with 'authplane init' and pass --space-dir)", dir)
+		}
+		if err != nil {
+			return err
+		}
+		if k.Space != p.cfg.Space {
+			return fmt.Errorf("space material in %s is for space %q, not --space %q", dir, k.Space, p.cfg.Space)
+		}
+		p.keys = k
+	}
+	abs, err := filepath.Abs(p.keys.Dir)
+	if err != nil {
 		return err
 	}
-	m, err := space.Load(dir)
-	if errors.Is(err, space.ErrNotFound) {
-		return fmt.Errorf("--nats-url needs the space material its servers were set up with: none in %s (write it with 'authplane init' and pass --space-dir)", dir)
+	p.info.SpaceDir = abs
+	return nil
+}
+
+// startBroker starts the embedded nats-server, unless the plane serves an existing cluster.
+func (p *Plane) startBroker() error {
+	if p.cfg.NATSURL != "" {
+		p.info.NATSURL = p.cfg.NATSURL
+		return nil
+	}
+	b, err := broker.Start(p.keys, broker.Options{
+		Dir:    filepath.Join(p.cfg.Dir, "nats"),
+		Port:   p.cfg.NATSPort,
+		Name:   "authplane-" + p.identity.InstanceID,
+		Logger: p.log.With("component", "nats-server"),
+	})
+	if errors.Is(err, broker.ErrPortInUse) {
+		return fmt.Errorf("--nats-port %d: %w (pick another port, or 0 for a free one)", p.cfg.NATSPort, err)
 	}
 	if err != nil {
 		return err
 	}
-	if m.Space != p.cfg.Space {
-		return fmt.Errorf("space material in %s is for space %q, not --space %q", dir, m.Space, p.cfg.Space)
-	}
-	p.material = m
+	p.onClose("shut the embedded nats-server down", func() error { b.Shutdown(); return nil })
+	p.info.NATSURL, p.info.Embedded = b.ClientURL(), true
 	return nil
 }
 
 // connect opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account, renewed by reconnecting at two thirds of its life.
-func (p *Plane) connect(role string, iss *mint.Issuer, g subjects.Grant) (*nats.Conn, error) {
+// account, renewed by reconnecting at two thirds of its life. Close drains it.
+func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
 	ttl := p.cfg.PlaneUserTTL
-	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, g, ttl)
+	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, ttl)
 	if err != nil {
 		return nil, err
 	}
 	log := p.log.With("conn", role)
-	nc, err := nats.Connect(p.natsURL, auth,
+	nc, err := nats.Connect(p.info.NATSURL, auth,
 		nats.Name("authplane "+role+" "+p.identity.InstanceID),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -239,16 +263,16 @@ func (p *Plane) connect(role string, iss *mint.Issuer, g subjects.Grant) (*nats.
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.natsURL, err)
+		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
 	}
-	p.bg.Add(1)
-	go func() {
-		defer p.bg.Done()
+	p.onClose("drain the "+role+" connection", func() error { return drain(nc, 5*time.Second) })
+	stop := make(chan struct{})
+	p.bg.Go(func() {
 		t := time.NewTicker(ttl * 2 / 3)
 		defer t.Stop()
 		for {
 			select {
-			case <-p.done:
+			case <-stop:
 				return
 			case <-t.C:
 				if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
@@ -256,13 +280,40 @@ func (p *Plane) connect(role string, iss *mint.Issuer, g subjects.Grant) (*nats.
 				}
 			}
 		}
-	}()
+	})
+	p.onClose("stop renewing the "+role+" user", func() error { close(stop); return nil })
 	return nc, nil
 }
 
-func (p *Plane) addService() error {
+// serveBus registers the micro service instances on the serving connection: the guard, the
+// issuance pipeline and every endpoint's handler.
+func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 	cfg := p.cfg
-	svc, err := micro.AddService(p.serveNC, micro.Config{
+	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load}
+	if cfg.Hooks != nil {
+		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
+	}
+	proofKey, err := manager.ProofKey(p.keys.Data.Signer)
+	if err != nil {
+		return err
+	}
+	engine := &manager.Engine{
+		Space:       cfg.Space,
+		Account:     p.keys.Data.Public(),
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Pipeline:    pipeline,
+		ProofKey:    proofKey,
+		StandingTTL: cfg.StandingTTL,
+	}
+	bus := &handlers.Bus{
+		Space:   cfg.Space,
+		Timeout: cfg.RequestTimeout,
+		Guard:   &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load},
+		Log:     p.log,
+	}
+	svcs, err := bus.Register(nc, micro.Config{
 		Name:        subjects.ServiceName,
 		Version:     Version,
 		Description: "Cotal authority plane: mints NATS credentials after re-reading their fences",
@@ -274,62 +325,39 @@ func (p *Plane) addService() error {
 			"epoch":    strconv.FormatUint(p.gate.Row.ProcessEpoch, 10),
 			"protocol": subjects.Protocol,
 		},
-		StatsHandler: handlers.Stats,
-	})
-	if err != nil {
-		return fmt.Errorf("micro service: %w", err)
-	}
-	p.svc = svc
-	p.recorder = records.New(cfg.Space, p.stores, p.log, cfg.Now)
-	guard := &handlers.Guard{
-		Space:    cfg.Space,
-		Timeout:  cfg.RequestTimeout,
-		Limiter:  handlers.NewLimiter(cfg.Rate, cfg.Burst),
-		Recorder: p.recorder,
-		Log:      p.log,
-		Fenced:   p.fenced.Load,
-	}
-	if p.manager, err = p.managerEngine(); err != nil {
-		return err
-	}
-	serve := map[string]handlers.Func{
-		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(p.manager),
+	}, map[string]handlers.Func{
+		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
 		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
 		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
 		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
-	}
-	group := svc.AddGroup(subjects.AuthPrefix(cfg.Space))
-	for _, endpoint := range subjects.Endpoints {
-		if err := handlers.Register(group, guard, endpoint, serve[endpoint], cfg.Workers); err != nil {
-			return fmt.Errorf("register endpoint %s: %w", endpoint, err)
-		}
-	}
-	return nil
+	}, cfg.Workers)
+	p.svcs = svcs
+	p.onClose("stop the micro services", p.stopServices)
+	return err
 }
 
-func (p *Plane) managerEngine() (*manager.Engine, error) {
-	m := p.material
-	key, err := manager.ProofKey(m.Data.Signer)
-	if err != nil {
-		return nil, err
+// stopServices stops every micro service instance: in-flight requests finish, no more arrive.
+func (p *Plane) stopServices() error {
+	var errs []error
+	for _, svc := range p.svcs {
+		if err := svc.Stop(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	e := &manager.Engine{
-		Space:       p.cfg.Space,
-		Account:     m.Data.Public(),
-		Gates:       p.stores.Auth,
-		Ledger:      p.stores.Actors,
-		Issuer:      p.dataIssuer,
-		ProofKey:    key,
-		Records:     p.recorder,
-		StandingTTL: p.cfg.StandingTTL,
-		Now:         p.cfg.Now,
-		Fenced:      p.fenced.Load,
-	}
-	if p.cfg.Hooks != nil {
-		e.BeforeCommit = p.cfg.Hooks.BeforeCommit
-	}
-	return e, nil
+	return errors.Join(errs...)
+}
+
+// watchFence watches the plane's own gate from here on: the watch's first value is the gate as
+// it is now, so an epoch that moved since the registration fences at once.
+func (p *Plane) watchFence() {
+	ctx, stop := context.WithCancel(context.Background())
+	p.bg.Go(func() {
+		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
+			p.fence(err)
+		}
+	})
+	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
 }
 
 func (p *Plane) serveHTTP() error {
@@ -337,8 +365,8 @@ func (p *Plane) serveHTTP() error {
 	if err != nil {
 		return fmt.Errorf("--http-port %d: %w (pick another port, or 0 for a free one)", p.cfg.HTTPPort, err)
 	}
-	p.httpURL = "http://" + l.Addr().String()
-	p.httpSrv = &http.Server{
+	p.info.HTTPURL = "http://" + l.Addr().String()
+	srv := &http.Server{
 		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -346,32 +374,17 @@ func (p *Plane) serveHTTP() error {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
-	p.bg.Add(1)
-	go func() {
-		defer p.bg.Done()
-		if err := p.httpSrv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	p.bg.Go(func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			p.finish(fmt.Errorf("http face: %w", err))
 		}
-	}()
+	})
+	p.onClose("shut the HTTP face down", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(ctx)
+	})
 	return nil
-}
-
-func (p *Plane) writeServiceInfo() error {
-	c := make([]byte, 32)
-	if _, err := rand.Read(c); err != nil {
-		return err
-	}
-	spaceDir, err := filepath.Abs(p.material.Dir)
-	if err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(ServiceInfo{
-		Ver: 1, URL: p.httpURL, NATSURL: p.natsURL, SpaceDir: spaceDir, PID: os.Getpid(), Cap: hex.EncodeToString(c),
-	}, "", "  ")
-	if err != nil {
-		return err
-	}
-	return files.WriteAtomic(filepath.Join(p.cfg.Dir, ServiceInfoFile), append(data, '\n'), files.Private)
 }
 
 // fence stops serving at once: a newer registration of this instance owns it now.
@@ -382,10 +395,8 @@ func (p *Plane) fence(cause error) {
 		p.log.Error("fenced: another process registered this instance at a newer epoch; stopping", "err", cause)
 	}
 	p.fenced.Store(true)
-	if p.svc != nil {
-		if err := p.svc.Stop(); err != nil {
-			p.log.Warn("stopping the micro service", "err", err)
-		}
+	if err := p.stopServices(); err != nil {
+		p.log.Warn("stopping the micro services", "err", err)
 	}
 	p.finish(cause)
 }
@@ -410,99 +421,47 @@ func (p *Plane) Err() error {
 	}
 }
 
-// Close stops the plane: the micro service first (in-flight requests finish), then the HTTP
-// face, the connections and the embedded broker; it removes auth-service.json and releases the
-// state directory. It returns why the plane had stopped on its own, if it had.
+// Close stops the plane in the reverse order Start built it: auth-service.json goes first,
+// then the HTTP face, the fence watch, the micro services (in-flight requests finish), the
+// connections (serving before store: its requests still need the stores), the embedded broker,
+// and last the state directory's lock. It returns why the plane had stopped on its own, if it
+// had.
 func (p *Plane) Close() error {
 	err := p.teardown()
 	return errors.Join(p.Err(), err)
 }
 
 func (p *Plane) teardown() error {
-	var errs []error
 	p.closing.Do(func() {
 		p.finish(nil)
-		if p.stop != nil {
-			p.stop()
-		}
-		if p.svc != nil {
-			if err := p.svc.Stop(); err != nil {
-				errs = append(errs, err)
+		var errs []error
+		for i := len(p.closers) - 1; i >= 0; i-- {
+			if err := p.closers[i].fn(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", p.closers[i].what, err))
 			}
 		}
-		if p.httpSrv != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := p.httpSrv.Shutdown(ctx); err != nil {
-				errs = append(errs, err)
-			}
-			cancel()
-		}
-		// Serving first: its in-flight requests still need the store connection.
-		for _, nc := range []*nats.Conn{p.serveNC, p.storeNC} {
-			if err := drain(nc, 5*time.Second); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		p.bg.Wait()
-		if p.broker != nil {
-			p.broker.Shutdown()
-		}
-		if p.lock != nil {
-			if err := os.Remove(filepath.Join(p.cfg.Dir, ServiceInfoFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-			if err := p.lock.Release(); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		p.closeErr = errors.Join(errs...)
 	})
-	return errors.Join(errs...)
+	return p.closeErr
 }
-
-// Accessors for main and tests.
-
-// NATSURL is the broker URL the plane serves on.
-func (p *Plane) NATSURL() string { return p.natsURL }
-
-// HTTPURL is the loopback HTTP face's base URL.
-func (p *Plane) HTTPURL() string { return p.httpURL }
-
-// InstanceID is the plane's instance id.
-func (p *Plane) InstanceID() string { return p.identity.InstanceID }
-
-// Epoch is the process epoch this start registered.
-func (p *Plane) Epoch() uint64 { return p.gate.Row.ProcessEpoch }
-
-// Material is the space material served.
-func (p *Plane) Material() *space.Material { return p.material }
-
-// CreatedMaterial reports whether this start created the space material.
-func (p *Plane) CreatedMaterial() bool { return p.created }
-
-// Stores are the plane's buckets, for tools and tests.
-func (p *Plane) Stores() *store.Stores { return p.stores }
-
-// Manager is the plane's manager-authority engine, for tests that must act beside the bus.
-func (p *Plane) Manager() *manager.Engine { return p.manager }
-
-// ServiceID is the micro service instance id.
-func (p *Plane) ServiceID() string { return p.svc.Info().ID }
 
 // drain drains nc and waits until it has closed, or closes it after timeout.
 func drain(nc *nats.Conn, timeout time.Duration) error {
-	if nc == nil || nc.IsClosed() {
+	if nc.IsClosed() {
 		return nil
 	}
 	defer nc.Close()
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
 	if err := nc.Drain(); err != nil {
 		if errors.Is(err, nats.ErrConnectionClosed) {
 			return nil
 		}
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	for !nc.IsClosed() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-closed:
+	case <-time.After(timeout):
 	}
 	return nil
 }

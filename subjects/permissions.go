@@ -21,14 +21,14 @@ const (
 // identities digest covers them.
 var StandingDuties = []Duty{DutySupervisor, DutyExecutor, DutyServe, DutyGoalWriter, DutySessionLedger}
 
-// Grant is what one credential may do: the subjects it may publish and subscribe. Anything
-// else is denied by the broker.
-type Grant struct {
+// Permissions are what one credential may do: the subjects it may publish and subscribe.
+// Anything else is denied by the broker. (Ledger scopes are another thing: see the ledger.)
+type Permissions struct {
 	Pub []string
 	Sub []string
 }
 
-// Holder names whose credential a grant is for.
+// Holder names whose credential a set of permissions is for.
 type Holder struct {
 	Space    string
 	Owner    string
@@ -56,19 +56,19 @@ func DutyActor(d Duty, iid, runID string) string {
 	return ""
 }
 
-// Permissions is DESIGN §6.8 as code: the grant of duty d for holder h. Every grant may publish
-// its own principal's plane subjects and subscribe its own inbox; nothing more unless the table
-// says so. It returns the principal's actor with the grant.
-func Permissions(d Duty, h Holder) (actor string, g Grant, err error) {
+// PermissionsOf is DESIGN §6.8 as code: the permissions of duty d for holder h. Every
+// credential may publish its own principal's plane subjects and subscribe its own inbox;
+// nothing more unless the table says so. It returns the principal's actor with them.
+func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
 	actor = h.Actor
 	if d != DutyCaller {
 		actor = DutyActor(d, h.Instance, h.RunID)
 	}
 	if actor == "" {
-		return "", Grant{}, fmt.Errorf("unknown duty %q", d)
+		return "", Permissions{}, fmt.Errorf("unknown duty %q", d)
 	}
 	sp := "cotal." + h.Space
-	g = Grant{
+	g = Permissions{
 		Pub: []string{CallerSubjects(h.Space, h.Owner, actor)},
 		Sub: []string{InboxPrefix(h.Owner, actor) + ".>"},
 	}
@@ -100,25 +100,25 @@ func Permissions(d Duty, h Holder) (actor string, g Grant, err error) {
 		)
 		g.Sub = append(g.Sub, sp+".ep.reply.manager.*.*."+h.Owner+"."+actor+".>")
 	default:
-		return "", Grant{}, fmt.Errorf("unknown duty %q", d)
+		return "", Permissions{}, fmt.Errorf("unknown duty %q", d)
 	}
 	return actor, g, nil
 }
 
-// ServingGrant is the grant of the plane's serving connection, a data-account user: it
+// ServingPermissions are those of the plane's serving connection, a data-account user: it
 // receives endpoint requests and `$SRV` discovery, and may publish only into inboxes. It has
 // no response permission, which would override this deny-by-default list.
-func ServingGrant(space string) Grant {
-	return Grant{
+func ServingPermissions(space string) Permissions {
+	return Permissions{
 		Pub: []string{"_INBOX.>"},
 		Sub: []string{AuthPrefix(space) + ".>", "$SRV.>"},
 	}
 }
 
-// StoreGrant is the grant of the plane's store connection, a plane-account user: the JetStream
+// StorePermissions are those of the plane's store connection, a plane-account user: the JetStream
 // API, its buckets and record streams, and nothing but its own inbox to subscribe.
-func StoreGrant(space string) Grant {
-	return Grant{
+func StorePermissions(space string) Permissions {
+	return Permissions{
 		Pub: []string{"$JS.API.>", "$KV.>", MintedStreamSubjects(space), AuditStreamSubjects(space)},
 		Sub: []string{"_INBOX.>"},
 	}

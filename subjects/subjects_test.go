@@ -118,7 +118,7 @@ func TestPermissionsGiveEachDutyOnlyItsOwnPrincipal(t *testing.T) {
 	for _, d := range duties {
 		t.Run(string(d), func(t *testing.T) {
 			h := Holder{Space: "default", Owner: testOwner, Actor: "cli", Instance: testIID, RunID: testRunID}
-			actor, g, err := Permissions(d, h)
+			actor, g, err := PermissionsOf(d, h)
 			if err != nil {
 				t.Fatalf("Permissions: %v", err)
 			}
@@ -222,13 +222,13 @@ func checkEntry(t *testing.T, verb, entry, actor string) {
 }
 
 func TestPermissionsRefuseAnUnknownDuty(t *testing.T) {
-	if _, g, err := Permissions("root", Holder{Space: "default", Owner: testOwner, Actor: "cli"}); err == nil {
-		t.Errorf("Permissions(root): got %+v, want an error", g)
+	if _, g, err := PermissionsOf("root", Holder{Space: "default", Owner: testOwner, Actor: "cli"}); err == nil {
+		t.Errorf("PermissionsOf(root): got %+v, want an error", g)
 	}
 }
 
-func TestServingAndStoreGrantsStayOutOfTheOtherPlaces(t *testing.T) {
-	s := ServingGrant("default")
+func TestServingAndStorePermissionssStayOutOfTheOtherPlaces(t *testing.T) {
+	s := ServingPermissions("default")
 	if !slices.Equal(s.Pub, []string{"_INBOX.>"}) {
 		t.Errorf("serving publish: got %v, want only _INBOX.>", s.Pub)
 	}
@@ -237,7 +237,7 @@ func TestServingAndStoreGrantsStayOutOfTheOtherPlaces(t *testing.T) {
 			t.Errorf("serving subscribe %q: want only the plane's requests and $SRV", sub)
 		}
 	}
-	st := StoreGrant("default")
+	st := StorePermissions("default")
 	if !slices.Equal(st.Sub, []string{"_INBOX.>"}) {
 		t.Errorf("store subscribe: got %v, want only _INBOX.>", st.Sub)
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -53,7 +54,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	printSummary(stdout, cfg, plane)
+	printSummary(stdout, cfg, plane.Info())
 
 	select {
 	case <-ctx.Done():
@@ -90,27 +91,27 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // exampleOwner is a well-formed owner for trying the plane by hand.
 const exampleOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
-func printSummary(w io.Writer, cfg service.Config, p *service.Plane) {
+func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		dir = cfg.Dir
 	}
 	material := "reused"
-	if p.CreatedMaterial() {
+	if info.CreatedMaterial {
 		material = "created"
 	}
-	broker := "embedded, store in " + filepath.Join(dir, "nats")
-	if cfg.NATSURL != "" {
-		broker = "existing cluster"
+	broker := "existing cluster"
+	if info.Embedded {
+		broker = "embedded, store in " + filepath.Join(dir, "nats")
 	}
-	fmt.Fprintf(w, "authplane %s serving space %q\n", service.Version, cfg.Space)
-	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", p.InstanceID(), p.Epoch())
-	fmt.Fprintf(w, "  nats      %s (%s)\n", p.NATSURL(), broker)
-	fmt.Fprintf(w, "  http      %s/health\n", p.HTTPURL())
-	fmt.Fprintf(w, "  space     %s (%s)\n", p.Material().Dir, material)
-	fmt.Fprintf(w, "  state     %s (%s)\n", dir, service.ServiceInfoFile)
+	fmt.Fprintf(w, "authplane %s serving space %q\n", service.Version, info.Space)
+	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", info.InstanceID, info.Epoch)
+	fmt.Fprintf(w, "  nats      %s (%s)\n", info.NATSURL, broker)
+	fmt.Fprintf(w, "  http      %s/health\n", info.HTTPURL)
+	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
+	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
 	fmt.Fprintf(w, "  authplane creds --dir %s --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
 	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
-		p.NATSURL(), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+		info.NATSURL, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }

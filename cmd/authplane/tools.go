@@ -9,13 +9,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-func locateFlags(fs *flag.FlagSet) *service.Locate {
-	l := &service.Locate{}
-	fs.StringVar(&l.Dir, "dir", ".authplane", "the plane's state directory (its auth-service.json names the space material and broker)")
+func locateFlags(fs *flag.FlagSet) *admin.Locate {
+	l := &admin.Locate{}
+	fs.StringVar(&l.Dir, "dir", ".authplane", "the plane's state directory (its auth-admin.json names the space material and broker)")
 	fs.StringVar(&l.SpaceDir, "space-dir", "", "space material directory (default: the running plane's, else <dir>/space)")
 	fs.StringVar(&l.NATSURL, "nats-url", "", "broker URL (default: the running plane's)")
 	return l
@@ -24,7 +24,7 @@ func locateFlags(fs *flag.FlagSet) *service.Locate {
 func initSpace(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o service.InitOptions
+	var o admin.InitOptions
 	fs.StringVar(&o.Space, "space", "default", "space name")
 	fs.StringVar(&o.SpaceDir, "space-dir", "space", "where to write the space material (every key and secret)")
 	fs.StringVar(&o.ServerConf, "server-conf", "", "where to write the nats-server configuration (default <space-dir>/nats-server.conf)")
@@ -33,7 +33,7 @@ func initSpace(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	created, conf, err := service.Init(o)
+	created, conf, err := admin.Init(o)
 	if err != nil {
 		return err
 	}
@@ -62,11 +62,11 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return fmt.Errorf("--out is required")
 	}
-	m, err := l.Material()
+	m, err := l.Keys()
 	if err != nil {
 		return err
 	}
-	if err := service.WriteCallerCreds(*out, m, *owner, *actor, *ttl, time.Now()); err != nil {
+	if err := admin.WriteCallerCreds(*out, m, *owner, *actor, *ttl, time.Now()); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s for %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *ttl)
@@ -93,7 +93,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 			scope = append(scope, s)
 		}
 	}
-	m, err := l.Material()
+	m, err := l.Keys()
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	row, err := service.Grant(ctx, m, url, *owner, *actor, scope)
+	row, err := admin.Grant(ctx, m, url, *owner, *actor, scope)
 	if err != nil {
 		return err
 	}
@@ -128,7 +128,7 @@ func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return fmt.Errorf("--out is required")
 	}
-	body, err := service.ManagerKeys(*out, *spaceName, *actor)
+	body, err := admin.ManagerKeys(*out, *spaceName, *actor)
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ var ErrPortInUse = errors.New("port in use")
 
 // Start starts the broker with the material's operator and accounts, and waits until it
 // accepts connections.
-func Start(m *space.Material, o Options) (*Broker, error) {
+func Start(m *space.Keys, o Options) (*Broker, error) {
 	if o.Port != 0 {
 		// nats-server reports a failed listen only through its logger; check first so the
 		// error names the port.

@@ -1,16 +1,22 @@
 // Package fault is the catalogue of refusals: every error the plane answers a caller with
-// carries one of its codes, and handlers turn it into a wire error in one place.
+// carries one of its codes, and this package's one table turns a code into its wire forms (the
+// NATS service error number and the HTTP status). No other package chooses a status.
 package fault
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
+
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/store"
 )
 
 // Code is a stable refusal code from DESIGN §5.
 type Code string
 
-// The codes. Their numeric forms are the handlers' business.
+// The codes.
 const (
 	BadRequest         Code = "bad-request"
 	Unauthenticated    Code = "unauthenticated"
@@ -26,6 +32,45 @@ const (
 	Unavailable        Code = "unavailable"
 )
 
+// wire is the one table: each code's `Nats-Service-Error-Code` number and HTTP status.
+var wire = map[Code]struct{ numeric, status int }{
+	BadRequest:         {400, http.StatusBadRequest},
+	Unauthenticated:    {401, http.StatusUnauthorized},
+	PermissionDenied:   {403, http.StatusForbidden},
+	NotFound:           {404, http.StatusNotFound},
+	Conflict:           {409, http.StatusConflict},
+	AlreadyExists:      {409, http.StatusConflict},
+	Expired:            {410, http.StatusGone},
+	FailedPrecondition: {412, http.StatusPreconditionFailed},
+	ResourceExhausted:  {429, http.StatusTooManyRequests},
+	Internal:           {500, http.StatusInternalServerError},
+	Unimplemented:      {501, http.StatusNotImplemented},
+	Unavailable:        {503, http.StatusServiceUnavailable},
+}
+
+// Known reports whether c is in the table.
+func (c Code) Known() bool {
+	_, ok := wire[c]
+	return ok
+}
+
+// Numeric is c's number in the `Nats-Service-Error-Code` header (500 for a code not in the
+// table).
+func (c Code) Numeric() int {
+	if w, ok := wire[c]; ok {
+		return w.numeric
+	}
+	return 500
+}
+
+// HTTPStatus is c's HTTP status (500 for a code not in the table).
+func (c Code) HTTPStatus() int {
+	if w, ok := wire[c]; ok {
+		return w.status
+	}
+	return http.StatusInternalServerError
+}
+
 // Error is a refusal: a code and a message for the caller. Cause, when set, is kept for logs
 // and errors.Is, never sent.
 type Error struct {
@@ -35,9 +80,6 @@ type Error struct {
 	// Details, when set, is sent beside code and message (e.g. the current run fence of a
 	// conflict).
 	Details any
-	// Recorded means the decision was already recorded (e.g. as `discarded`); whoever answers
-	// the caller must not record it again as `refused`.
-	Recorded bool
 }
 
 // Error returns "<code>: <message>", the form of the Nats-Service-Error header.
@@ -45,13 +87,6 @@ func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Cause }
-
-// Is matches any *Error with the same code, so errors.Is(err, fault.New(fault.Conflict, ""))
-// works; prefer CodeOf.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && t.Message == ""
-}
 
 // New returns a refusal with a formatted message.
 func New(code Code, format string, args ...any) *Error {
@@ -80,3 +115,33 @@ func As(err error) *Error {
 
 // CodeOf returns the code err would be answered with.
 func CodeOf(err error) Code { return As(err).Code }
+
+// Store turns a failure of the stores (a fence, a bucket, a record stream) during what (a
+// formatted phrase: "committing the mint on gate epgate.manager.x") into the refusal a caller
+// can act on. A refusal passes through unchanged. The code follows the storage error:
+//
+//	fence.ErrMoved          conflict            a fence writer landed first
+//	fence.ErrGone           failed-precondition a delete marker is final
+//	store.ErrFull           resource-exhausted  the stream is at its size limit
+//	fence.ErrMalformed      internal            a stored row that does not parse
+//	anything else           unavailable         a timeout, a leader change, the deadline
+func Store(err error, what string, args ...any) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	what = fmt.Sprintf(what, args...)
+	switch {
+	case errors.Is(err, fence.ErrMoved):
+		return Wrap(Conflict, err, "%s: it moved first (a fence writer landed); nothing was issued", what)
+	case errors.Is(err, fence.ErrGone):
+		return Wrap(FailedPrecondition, err, "%s: it holds a delete marker; the plane never deletes a fence", what)
+	case errors.Is(err, store.ErrFull):
+		return Wrap(ResourceExhausted, err, "%s: the store is full", what)
+	case errors.Is(err, fence.ErrMalformed):
+		return Wrap(Internal, err, "%s: a stored row is malformed", what)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return Wrap(Unavailable, err, "%s: the request's deadline passed; retry shortly", what)
+	}
+	return Wrap(Unavailable, err, "%s failed; retry shortly", what)
+}

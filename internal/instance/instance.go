@@ -5,11 +5,9 @@ package instance
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,9 +18,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -77,7 +76,7 @@ func LoadOrCreateIdentity(dir, space string) (Identity, error) {
 	path := filepath.Join(dir, IdentityFile)
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		id := Identity{Ver: 1, Space: space, InstanceID: NewUID()}
+		id := Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
 		data, err := json.Marshal(id)
 		if err != nil {
 			return Identity{}, err
@@ -97,62 +96,46 @@ func LoadOrCreateIdentity(dir, space string) (Identity, error) {
 	return id, nil
 }
 
-// NewUID returns a fresh instance id or lifecycle uid: 26 base36 characters from 20 random
-// bytes (at least 128 bits of entropy).
-func NewUID() string {
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		panic("instance: crypto/rand failed: " + err.Error())
-	}
-	s := new(big.Int).SetBytes(b).Text(36)
-	return strings.Repeat("0", max(0, 26-len(s))) + s[max(0, len(s)-32):]
-}
-
 // Principal is the principal recorded on the plane's own gate.
 func Principal(iid string) string { return "plane.auth_" + iid }
 
 // Register registers the plane's instance on its gate `epgate.auth.<iid>`: epoch 0 on the
 // first registration, one more on every later one. It returns the registered gate.
-func Register(ctx context.Context, kv gate.KV, iid string) (*gate.Gate, error) {
-	key := subjects.GateKey(subjects.GateEndpointAuth, iid)
-	for attempt := 0; ; attempt++ {
-		g, err := gate.Observe(ctx, kv, key)
-		if err != nil {
-			return nil, err
-		}
-		var row gate.Row
+func Register(ctx context.Context, kv fence.KV, iid string) (*gate.Gate, error) {
+	g, err := gate.Of(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
 		switch {
-		case g == nil:
-			row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid)}
-		case g.Row.State != gate.Open:
-			return nil, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", key, g.Row.State)
-		default:
-			row = g.Row
-			row.ProcessEpoch++
-			row.RegistrationRevision++
+		case cur.Absent():
+			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid), Nonce: ids.Nonce()}, nil
+		case cur.Row.State != gate.Open:
+			return gate.Row{}, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", cur.Key(), cur.Row.State)
 		}
-		ng, err := gate.Transition(ctx, kv, key, g, row)
-		if err == nil {
-			return ng, nil
-		}
-		if !errors.Is(err, gate.ErrMoved) {
-			return nil, err
-		}
-		if err := store.Pause(ctx, attempt); err != nil {
-			return nil, fmt.Errorf("register %s: %w", key, err)
-		}
+		row := cur.Row
+		row.ProcessEpoch++
+		row.RegistrationRevision++
+		row.Nonce = ids.Nonce()
+		return row, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register instance %s: %w", iid, err)
 	}
+	return g, nil
 }
 
 // ErrFenced means another process registered the same identity at a later epoch.
 var ErrFenced = errors.New("fenced by a newer registration of this instance")
 
+// Watcher streams a key's updates, starting with its current value: store.KV.
+type Watcher interface {
+	Watch(ctx context.Context, key string) (jetstream.KeyWatcher, error)
+}
+
 // Watch blocks until the plane's gate g moves past this registration (a newer epoch, another
 // state, a delete) and then returns ErrFenced; it returns nil when ctx ends first.
-func Watch(ctx context.Context, kv *store.KV, g *gate.Gate) (err error) {
-	w, err := kv.Watch(ctx, g.Key)
+func Watch(ctx context.Context, kv Watcher, g *gate.Gate) (err error) {
+	key := g.Key()
+	w, err := kv.Watch(ctx, key)
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", g.Key, err)
+		return fmt.Errorf("watch %s: %w", key, err)
 	}
 	defer func() {
 		if serr := w.Stop(); serr != nil && !errors.Is(serr, nats.ErrConnectionClosed) {
@@ -169,20 +152,67 @@ func Watch(ctx context.Context, kv *store.KV, g *gate.Gate) (err error) {
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("watch %s ended", g.Key)
+				return fmt.Errorf("watch %s ended", key)
 			case e == nil: // end of the initial values
 				continue
 			case e.Operation() != jetstream.KeyValuePut:
-				return fmt.Errorf("%w: gate %s was deleted", ErrFenced, g.Key)
+				return fmt.Errorf("%w: gate %s was deleted", ErrFenced, key)
 			}
 			row, err := gate.Parse(e.Value())
 			if err != nil {
-				return fmt.Errorf("%w: gate %s is malformed", ErrFenced, g.Key)
+				return fmt.Errorf("%w: gate %s is malformed", ErrFenced, key)
 			}
 			if row.ProcessEpoch != g.Row.ProcessEpoch || row.State != gate.Open || row.Nonce != g.Row.Nonce {
 				return fmt.Errorf("%w: gate %s is now %s at epoch %d (this process registered epoch %d)",
-					ErrFenced, g.Key, row.State, row.ProcessEpoch, g.Row.ProcessEpoch)
+					ErrFenced, key, row.State, row.ProcessEpoch, g.Row.ProcessEpoch)
 			}
 		}
 	}
+}
+
+// ServiceInfoFile is the readiness file a serving plane writes last into its state directory
+// and removes when it stops.
+const ServiceInfoFile = "auth-service.json"
+
+// ServiceInfo is the content of auth-service.json: where a local client finds the plane.
+type ServiceInfo struct {
+	Ver      int    `json:"ver"`
+	URL      string `json:"url"`
+	NATSURL  string `json:"natsUrl"`
+	SpaceDir string `json:"spaceDir"`
+	PID      int    `json:"pid"`
+	// Cap is the loopback capability, new at every start.
+	Cap string `json:"cap"`
+}
+
+// WriteServiceInfo writes info into dir (0600, atomically).
+func WriteServiceInfo(dir string, info ServiceInfo) error {
+	data, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
+	return files.WriteAtomic(filepath.Join(dir, ServiceInfoFile), append(data, '\n'), files.Private)
+}
+
+// ReadServiceInfo reads the service info in dir; a plane that is not running has none
+// (os.ErrNotExist).
+func ReadServiceInfo(dir string) (*ServiceInfo, error) {
+	path := filepath.Join(dir, ServiceInfoFile)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var info ServiceInfo
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &info, nil
+}
+
+// RemoveServiceInfo removes the service info in dir, if there is one.
+func RemoveServiceInfo(dir string) error {
+	if err := os.Remove(filepath.Join(dir, ServiceInfoFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -4,14 +4,13 @@ package ledger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/body"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -39,45 +38,45 @@ type Row struct {
 func (r Row) Has(scope string) bool { return slices.Contains(r.Scope, scope) }
 
 // ErrMalformed means a stored row does not parse; treat the principal as having no scope.
-var ErrMalformed = errors.New("ledger row malformed")
+var ErrMalformed = fence.ErrMalformed
 
-// Reader is the part of a bucket the ledger reads.
-type Reader interface {
-	Get(ctx context.Context, key string) (store.Entry, error)
+// Of returns the ledger row of principal owner.actor in the actors bucket kv.
+func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
+	return fence.New(kv, subjects.ActorKey(owner, actor), func(data []byte) (Row, error) {
+		var r Row
+		if err := body.Decode(data, &r); err != nil {
+			return Row{}, err
+		}
+		if r.V != 1 || r.Owner != owner || r.Actor != actor {
+			return Row{}, errors.New("not a version 1 row of this principal")
+		}
+		return r, nil
+	})
 }
 
-// Read returns the principal's row; found is false when it has none (a delete marker counts as
-// none).
-func Read(ctx context.Context, kv Reader, owner, actor string) (row Row, found bool, err error) {
-	e, err := kv.Get(ctx, subjects.ActorKey(owner, actor))
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrDeleted) {
+// Read returns the principal's row, read now from the stream leader; found is false when it
+// has none (a delete marker counts as none).
+func Read(ctx context.Context, kv fence.KV, owner, actor string) (row Row, found bool, err error) {
+	o, err := Of(kv, owner, actor).Observe(ctx)
+	switch {
+	case errors.Is(err, fence.ErrGone):
 		return Row{}, false, nil
-	}
-	if err != nil {
+	case err != nil:
 		return Row{}, false, err
 	}
-	if err := body.Decode(e.Value, &row); err != nil || row.V != 1 || row.Owner != owner || row.Actor != actor {
-		return Row{}, false, fmt.Errorf("%w: %s", ErrMalformed, subjects.ActorKey(owner, actor))
-	}
-	return row, true, nil
+	return o.Row, !o.Absent(), nil
 }
 
-// Writer is the part of a bucket Grant writes.
-type Writer interface {
-	Reader
-	Create(ctx context.Context, key string, value []byte) (uint64, error)
-	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
-}
-
-// Grant writes the principal's row with exactly scope, by CAS, keeping its lifecycleUid.
-func Grant(ctx context.Context, kv Writer, owner, actor string, scope []string, now time.Time) (Row, error) {
+// SetScope writes the principal's row with exactly scope, by CAS, keeping its lifecycleUid. A
+// row that holds a delete marker is refused (fence.ErrGone): the plane never deletes one.
+func SetScope(ctx context.Context, kv fence.KV, owner, actor string, scope []string, now time.Time) (Row, error) {
 	if !subjects.ValidOwner(owner) {
 		return Row{}, fmt.Errorf("owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
 	}
 	if !subjects.ValidActor(actor) {
 		return Row{}, fmt.Errorf("actor %q: want [A-Za-z0-9_]{1,64}", actor)
 	}
-	scope = slices.Clone(scope)
+	scope = append([]string{}, scope...) // never null: a row's scope is a list, maybe empty
 	slices.Sort(scope)
 	scope = slices.Compact(scope)
 	for _, s := range scope {
@@ -85,41 +84,11 @@ func Grant(ctx context.Context, kv Writer, owner, actor string, scope []string, 
 			return Row{}, fmt.Errorf("scope %q: want supervise, admin or platform-admin", s)
 		}
 	}
-	key := subjects.ActorKey(owner, actor)
-	for attempt := 0; ; attempt++ {
-		row := Row{V: 1, Owner: owner, Actor: actor, Scope: scope, GrantedAt: now.UnixMilli()}
-		e, err := kv.Get(ctx, key)
-		var rev uint64
-		switch {
-		case err == nil:
-			var old Row
-			if json.Unmarshal(e.Value, &old) == nil {
-				row.LifecycleUID = old.LifecycleUID
-			}
-			rev = e.Revision
-		case errors.Is(err, store.ErrNotFound):
-		case errors.Is(err, store.ErrDeleted):
-			rev = e.Revision
-		default:
-			return Row{}, err
-		}
-		data, err := json.Marshal(row)
-		if err != nil {
-			return Row{}, err
-		}
-		if rev == 0 {
-			_, err = kv.Create(ctx, key, data)
-		} else {
-			_, err = kv.Update(ctx, key, data, rev)
-		}
-		if err == nil {
-			return row, nil
-		}
-		if !errors.Is(err, store.ErrCASLost) && !errors.Is(err, store.ErrUnknownOutcome) {
-			return Row{}, err
-		}
-		if err := store.Pause(ctx, attempt); err != nil {
-			return Row{}, fmt.Errorf("grant %s: %w", key, err)
-		}
+	o, err := Of(kv, owner, actor).Update(ctx, func(cur *fence.Observed[Row]) (Row, error) {
+		return Row{V: 1, Owner: owner, Actor: actor, Scope: scope, LifecycleUID: cur.Row.LifecycleUID, GrantedAt: now.UnixMilli()}, nil
+	})
+	if err != nil {
+		return Row{}, fmt.Errorf("set the scope of %s: %w", subjects.ActorKey(owner, actor), err)
 	}
+	return o.Row, nil
 }

@@ -3,25 +3,20 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/records"
-	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
-
-// Recorder writes the records of a mint: `minted` before the commit, `discarded` when the
-// commit loses.
-type Recorder interface {
-	RecordMinted(ctx context.Context, req records.Request, creds []records.Credential) error
-	LogMinted(req records.Request, creds []records.Credential)
-	Record(ctx context.Context, d records.Decision)
-}
 
 // Engine serves manager-service authority for one space.
 type Engine struct {
@@ -29,21 +24,14 @@ type Engine struct {
 	// Account is the data account's public key: the issuer account of every credential.
 	Account string
 	// Gates is the fence bucket; Ledger the actors bucket.
-	Gates  gate.KV
-	Ledger ledger.Reader
-	Issuer *mint.Issuer
+	Gates  fence.KV
+	Ledger fence.KV
+	// Pipeline mints: every credential this engine issues goes through it.
+	Pipeline *issue.Pipeline
 	// ProofKey keys the registration proofs (ProofKey).
 	ProofKey []byte
-	Records  Recorder
 	// StandingTTL is the lifetime of standing credentials; the executor's is min(5m, it).
 	StandingTTL time.Duration
-	Now         func() time.Time
-	// Fenced reports that this plane has been fenced by a newer registration of its own
-	// instance; a mint checks it last before committing and is discarded if it says so.
-	Fenced func() bool
-	// BeforeCommit, when set, runs after a mint is signed and recorded and before it commits
-	// (a test seam for the commit fence).
-	BeforeCommit func()
 }
 
 // Caller is the principal a request came from: the subject's last two tokens.
@@ -58,71 +46,41 @@ func (c Caller) String() string { return subjects.Principal(c.Owner, c.Actor) }
 // ExecutorTTL is the executor duty's lifetime cap.
 const ExecutorTTL = 5 * time.Minute
 
-// Material is the reply to a manager-service-authority request.
-type Material struct {
-	V                     int                   `json:"v"`
-	Kind                  string                `json:"kind"`
-	Operation             string                `json:"operation"`
-	Owner                 string                `json:"owner"`
-	Actors                map[string]string     `json:"actors"`
-	Credentials           map[string]Credential `json:"credentials"`
-	IssuedAt              int64                 `json:"issuedAt"`  // milliseconds
-	ExpiresAt             int64                 `json:"expiresAt"` // milliseconds: the earliest credential expiry
-	RegistrationProof     string                `json:"registrationProof,omitempty"`
-	NextRegistrationProof string                `json:"nextRegistrationProof,omitempty"`
-	RequestID             string                `json:"requestId"`
-	InstanceID            string                `json:"instanceId"`
-	ManagerLifecycleUID   string                `json:"managerLifecycleUid"`
-	AccountPublicKey      string                `json:"accountPublicKey"`
-	ProcessEpoch          uint64                `json:"processEpoch"`
-
-	minted []records.Credential
-}
-
-// MintedCredentials names the credentials the material carries by their public keys, for
-// whoever must record them discarded if it withholds the material.
-func (m *Material) MintedCredentials() []records.Credential { return m.minted }
-
-// Credential is one minted user JWT and its expiry (seconds).
-type Credential struct {
-	JWT string `json:"jwt"`
-	Exp int64  `json:"exp"`
-}
-
-// ServiceAuthority serves a manager-service-authority request from caller on the
-// manager-authority endpoint. note is filled in for the request's records as it parses.
+// ServiceAuthority serves a manager-service-authority request from caller. about names the
+// endpoint and caller; it comes back with what the request was about as far as it parsed (only
+// what passed its grammar), for the records, whatever the outcome.
 //
 // Refusals: bad-request (body), unimplemented (operations and keys out of scope),
-// permission-denied (scope, owner, space, account, identities, proof), failed-precondition (no
-// gate, a frozen or retired gate, a delete marker), conflict (stale epoch, gate moved before
-// commit), unavailable and resource-exhausted (stores).
-func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, data []byte, note *records.Request) (*Material, error) {
+// permission-denied (scope, owner, space, account, identities, proof, an ended supervision),
+// failed-precondition (no gate, a frozen or retired gate, a delete marker), conflict (stale
+// epoch, gate moved before commit), unavailable and resource-exhausted (stores).
+func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.Material, audit.Request, error) {
 	req, err := Parse(data)
 	if req != nil {
-		// Only what passed its grammar reaches the records: a refused body's fields may be
-		// anything a caller chose.
-		note.Kind = Kind
-		note.Operation = keepIf(req.Operation, knownOperations[req.Operation])
-		note.InstanceID = keepIf(req.InstanceID, subjects.ValidUID(req.InstanceID))
-		note.RequestID = keepIf(req.RequestID, subjects.ValidRequestID(req.RequestID))
+		about.Kind = Kind
+		about.Operation = keepIf(req.Operation, knownOperations[req.Operation])
+		about.InstanceID = keepIf(req.InstanceID, subjects.ValidUID(req.InstanceID))
+		about.RequestID = keepIf(req.RequestID, subjects.ValidRequestID(req.RequestID))
 	}
 	if err != nil {
-		return nil, err
+		return nil, about, err
 	}
 	if req.Actor != caller.Actor {
-		return nil, fault.Field("actor", "%q is not the caller's actor %q", req.Actor, caller.Actor)
+		return nil, about, fault.Field("actor", "%q is not the caller's actor %q", req.Actor, caller.Actor)
 	}
 	if req.Space != e.Space {
-		return nil, fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", req.Space, e.Space)
+		return nil, about, fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", req.Space, e.Space)
 	}
+	var m *client.Material
 	switch req.Operation {
 	case OpPrepare:
-		return e.prepare(ctx, caller, req, note)
+		m, err = e.prepare(ctx, caller, req, about)
 	case OpActivate:
-		return e.activate(ctx, caller, req, note)
+		m, err = e.activate(ctx, caller, req, about)
 	default:
-		return e.renew(ctx, caller, req, note)
+		m, err = e.renew(ctx, caller, req, about)
 	}
+	return m, about, err
 }
 
 var knownOperations = map[string]bool{
@@ -143,7 +101,7 @@ func (e *Engine) requireSupervise(ctx context.Context, owner, actor, whose strin
 	if errors.Is(err, ledger.ErrMalformed) {
 		found = false
 	} else if err != nil {
-		return fault.Wrap(fault.Unavailable, err, "the ledger could not be read; retry shortly")
+		return fault.Store(err, "reading the ledger")
 	}
 	if !found || !row.Has(ledger.Supervise) {
 		return fault.New(fault.PermissionDenied, "%s %s needs scope %q; admin and platform-admin do not imply it", whose, subjects.Principal(owner, actor), ledger.Supervise)
@@ -151,14 +109,31 @@ func (e *Engine) requireSupervise(ctx context.Context, owner, actor, whose strin
 	return nil
 }
 
+// observe reads the manager gate of iid (an absent observation when it was never written).
 func (e *Engine) observe(ctx context.Context, iid string) (*gate.Gate, error) {
-	return gate.Observe(ctx, e.Gates, subjects.GateKey(subjects.GateEndpointManager, iid))
+	g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+	if err != nil {
+		return nil, fault.Store(err, "reading the gate of instance %s", iid)
+	}
+	return g, nil
+}
+
+// registered reads the manager gate of iid and refuses one that was never written.
+func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error) {
+	g, err := e.observe(ctx, iid)
+	if err != nil {
+		return nil, err
+	}
+	if g.Absent() {
+		return nil, fault.New(fault.FailedPrecondition, "instance %s is not registered; prepare it first", iid)
+	}
+	return g, nil
 }
 
 // prepare creates the instance's gate open at epoch 0, or re-registers it (epoch and
 // registration revision + 1), and mints the supervisor and executor. The gate write is the
 // mint's commit: one CAS records the registration and fences the mint.
-func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, note *records.Request) (*Material, error) {
+func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
 	if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
 		return nil, err
 	}
@@ -166,14 +141,14 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, note 
 	if err != nil {
 		return nil, err
 	}
-	principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
 		PreparedBy:       caller.String(),
 	}
 	var row gate.Row
-	if g == nil {
+	if g.Absent() {
+		principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
 		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
 		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
@@ -184,11 +159,9 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, note 
 		row.RegistrationRevision++
 		row.Registration = reg
 	}
-	row.Nonce = "" // Transition sets a fresh one
-	m, err := e.issue(ctx, issuance{
-		caller: caller, req: req, note: note, observed: g, next: &row,
-		duties: []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor},
-	})
+	row.Nonce = ids.Nonce() // a fence write: fresh bytes, so no mint observed before it commits after it
+	m, err := e.mint(ctx, caller.Owner, req, about, row, issue.Replaced(g, row),
+		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
 	}
@@ -239,16 +212,13 @@ func checkRegistration(g *gate.Gate, req *Request) error {
 
 // activate mints serve, goalWriter and sessionLedger for the registration prepare recorded,
 // against the registration proof, and returns the proof renewals need.
-func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, note *records.Request) (*Material, error) {
+func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
 	if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
 		return nil, err
 	}
-	g, err := e.observe(ctx, req.InstanceID)
+	g, err := e.registered(ctx, req.InstanceID)
 	if err != nil {
 		return nil, err
-	}
-	if g == nil {
-		return nil, fault.New(fault.FailedPrecondition, "instance %s is not registered; prepare it first", req.InstanceID)
 	}
 	if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 		return nil, err
@@ -259,10 +229,8 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, note
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.issue(ctx, issuance{
-		caller: caller, req: req, note: note, observed: g,
-		duties: []subjects.Duty{subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger},
-	})
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, issue.Unchanged(g),
+		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +241,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, note
 // renew serves renew (supervisor and executor) and renewStandingBundle (all five) for a
 // principal with `supervise`, or for the instance's own supervisor or executor, whose preparer
 // must still hold `supervise`.
-func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, note *records.Request) (*Material, error) {
+func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
 	ownDuty := caller.Actor == subjects.SupervisorActor(req.InstanceID) || caller.Actor == subjects.ExecutorActor(req.InstanceID)
 	if !ownDuty {
 		if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
@@ -283,12 +251,9 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, note *r
 	if *req.AccountPublicKey != e.Account {
 		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")
 	}
-	g, err := e.observe(ctx, req.InstanceID)
+	g, err := e.registered(ctx, req.InstanceID)
 	if err != nil {
 		return nil, err
-	}
-	if g == nil {
-		return nil, fault.New(fault.FailedPrecondition, "instance %s is not registered; prepare it first", req.InstanceID)
 	}
 	if err := checkOpen(g, req.InstanceID); err != nil {
 		return nil, err
@@ -320,13 +285,51 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, note *r
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.issue(ctx, issuance{caller: caller, req: req, note: note, observed: g, duties: duties})
+	return e.mint(ctx, caller.Owner, req, about, g.Row, issue.Unchanged(g), duties...)
 }
 
-// errStore turns a store failure into the refusal a caller can act on.
-func errStore(err error, what string) *fault.Error {
-	if errors.Is(err, store.ErrFull) {
-		return fault.Wrap(fault.ResourceExhausted, err, "%s: the store is full", what)
+// mint issues duties of owner's instance through the pipeline, committing on the manager's
+// gate with step, and shapes the material. row is the gate row the material describes (for
+// prepare, the registration it writes). A supervised instance's every credential is clamped
+// to its assignment's end, and refused once that has passed.
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, step issue.Step, duties ...subjects.Duty) (*client.Material, error) {
+	iid := req.InstanceID
+	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}
+	plan := issue.Plan{Request: about, Steps: []issue.Step{step}}
+	for _, d := range duties {
+		actor, perms, err := subjects.PermissionsOf(d, holder)
+		if err != nil {
+			return nil, fault.Wrap(fault.Internal, err, "no permissions for duty %s", d)
+		}
+		ttl := e.StandingTTL
+		if d == subjects.DutyExecutor {
+			ttl = min(ttl, ExecutorTTL)
+		}
+		plan.Grants = append(plan.Grants, issue.Grant{Duty: d, Key: req.Identities.Of(d),
+			Principal: subjects.Principal(owner, actor), TTL: ttl, Permissions: perms})
 	}
-	return fault.Wrap(fault.Unavailable, err, "%s failed; retry shortly", what)
+	if row.SupervisedUntil != 0 {
+		plan.Ceiling = issue.Ceiling{At: time.Unix(row.SupervisedUntil, 0),
+			What: fmt.Sprintf("the platform supervisor assignment instance %s was prepared under", iid)}
+	}
+	issued, err := e.Pipeline.Issue(ctx, plan)
+	if err != nil {
+		return nil, err
+	}
+	m := &client.Material{
+		V: 1, Kind: Kind, Operation: req.Operation, Owner: owner,
+		Actors:      map[string]string{},
+		Credentials: map[string]client.Credential{},
+		IssuedAt:    issued.At.UnixMilli(),
+		ExpiresAt:   issued.Earliest() * 1000,
+		RequestID:   req.RequestID, InstanceID: iid, ManagerLifecycleUID: req.ManagerLifecycleUID,
+		AccountPublicKey: e.Account, ProcessEpoch: row.ProcessEpoch,
+	}
+	for _, d := range subjects.StandingDuties {
+		m.Actors[string(d)] = subjects.DutyActor(d, iid, "")
+	}
+	for _, c := range issued.Credentials {
+		m.Credentials[string(c.Duty)] = client.Credential{JWT: c.JWT, Exp: c.Exp}
+	}
+	return m, nil
 }

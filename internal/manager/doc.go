@@ -1,5 +1,6 @@
 // Package manager is manager-service authority (DESIGN §6.1, §6.2): the registration a gate
 // carries, the keyed proofs, and the operations prepare, activate, renew and
-// renewStandingBundle, each of which reads its fences, signs, records `minted` and commits on
-// the manager's gate before a credential leaves.
+// renewStandingBundle. Each checks its fences and builds a plan for the issuance pipeline
+// (package issue), which signs, records `minted` and commits on the manager's gate before a
+// credential leaves; this package only shapes the request and the reply.
 package manager

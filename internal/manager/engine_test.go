@@ -3,57 +3,34 @@ package manager
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/records"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// fakeRecorder keeps what the engine records, and can refuse the minted records.
-type fakeRecorder struct {
-	mu        sync.Mutex
-	mintedErr error
-	minted    int
-	decisions []records.Decision
-}
-
-func (f *fakeRecorder) RecordMinted(_ context.Context, _ records.Request, creds []records.Credential) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.mintedErr != nil {
-		return f.mintedErr
-	}
-	f.minted += len(creds)
-	return nil
-}
-
-func (f *fakeRecorder) LogMinted(records.Request, []records.Credential) {}
-
-func (f *fakeRecorder) Record(_ context.Context, d records.Decision) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.decisions = append(f.decisions, d)
-}
-
 const testOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 type engineEnv struct {
-	e     *Engine
-	gates *storetest.KV
-	rec   *fakeRecorder
-	ids   Identities
-	iid   string
+	e       *Engine
+	gates   *storetest.KV
+	records *storetest.Stream
+	ids     client.Identities
+	iid     string
 }
 
 func newEngineEnv(t *testing.T) *engineEnv {
@@ -84,9 +61,10 @@ func newEngineEnv(t *testing.T) *engineEnv {
 		t.Fatal(err)
 	}
 	actors.Put(subjects.ActorKey(testOwner, "cli"), row)
-	env := &engineEnv{gates: storetest.New(), rec: &fakeRecorder{}, ids: identities(t), iid: strings.Repeat("i", 26)}
-	env.e = &Engine{Space: "default", Account: acctPub, Gates: env.gates, Ledger: actors, Issuer: iss,
-		ProofKey: key, Records: env.rec, StandingTTL: 24 * time.Hour, Now: time.Now}
+	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
+	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
+	env.e = &Engine{Space: "default", Account: acctPub, Gates: env.gates, Ledger: actors, Pipeline: pipeline,
+		ProofKey: key, StandingTTL: 24 * time.Hour}
 	return env
 }
 
@@ -104,11 +82,29 @@ func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 	return data
 }
 
-func (env *engineEnv) serve(t *testing.T, data []byte) (*Material, error) {
+func (env *engineEnv) serve(t *testing.T, data []byte) (*client.Material, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return env.e.ServiceAuthority(ctx, Caller{Owner: testOwner, Actor: "cli"}, data, &records.Request{})
+	m, _, err := env.e.ServiceAuthority(ctx, Caller{Owner: testOwner, Actor: "cli"}, audit.Request{}, data)
+	return m, err
+}
+
+// recorded returns the minted records and the audit decisions written so far.
+func (env *engineEnv) recorded(t *testing.T) (minted int, decisions []audit.Decision) {
+	t.Helper()
+	for _, m := range env.records.Msgs() {
+		if strings.Contains(m.Subject, ".minted.") {
+			minted++
+			continue
+		}
+		var d audit.Decision
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		decisions = append(decisions, d)
+	}
+	return minted, decisions
 }
 
 // registered prepares and activates the instance and returns the proof renewals need.
@@ -127,20 +123,29 @@ func (env *engineEnv) registered(t *testing.T) string {
 
 // wantDiscarded checks a refusal that signed first: its code, no material, the gate bucket
 // untouched since before, and one `discarded` record naming every credential signed.
-func (env *engineEnv) wantDiscarded(t *testing.T, m *Material, err error, code fault.Code, before uint64, creds int) {
+func (env *engineEnv) wantDiscarded(t *testing.T, m *client.Material, err error, code fault.Code, before uint64, creds int) {
 	t.Helper()
 	if m != nil || fault.CodeOf(err) != code {
 		t.Fatalf("got %v, %v; want no material and %s", m, err, code)
 	}
-	if !fault.As(err).Recorded {
-		t.Error("the refusal is not marked recorded; the handler would record it again as refused")
-	}
 	if after := env.gates.Revision(); after != before {
 		t.Errorf("the gates moved from revision %d to %d; nothing may commit", before, after)
 	}
-	if len(env.rec.decisions) != 1 || env.rec.decisions[0].Decision != records.Discarded ||
-		env.rec.decisions[0].Code != string(code) || len(env.rec.decisions[0].Credentials) != creds {
-		t.Fatalf("got decisions %+v, want one discarded %s with %d credentials", env.rec.decisions, code, creds)
+	_, decisions := env.recorded(t)
+	if len(decisions) != 1 || decisions[0].Decision != audit.Discarded ||
+		decisions[0].Code != string(code) || len(decisions[0].Credentials) != creds {
+		t.Fatalf("got decisions %+v, want one discarded %s with %d credentials", decisions, code, creds)
+	}
+}
+
+// failMinted makes every later `minted` record fail with cause, as a full or unreachable
+// stream would.
+func (env *engineEnv) failMinted(cause error) {
+	env.records.Fault = func(subject string) (error, bool) {
+		if strings.Contains(subject, ".minted.") {
+			return cause, false
+		}
+		return nil, true
 	}
 }
 
@@ -149,13 +154,13 @@ func TestAMintWhoseMintedRecordCannotBeWrittenIsNeverCommitted(t *testing.T) {
 		cause error
 		code  fault.Code
 	}{
-		{fmt.Errorf("timeout: %w", store.ErrUnknownOutcome), fault.Unavailable},
+		{errors.New("nats: connection closed"), fault.Unavailable},
 		{fmt.Errorf("maximum bytes exceeded: %w", store.ErrFull), fault.ResourceExhausted},
 	} {
 		t.Run(string(c.code), func(t *testing.T) {
 			t.Run("prepare", func(t *testing.T) {
 				env := newEngineEnv(t)
-				env.rec.mintedErr = c.cause
+				env.failMinted(c.cause)
 				m, err := env.serve(t, env.request(t, OpPrepare))
 				env.wantDiscarded(t, m, err, c.code, 0, 2)
 			})
@@ -163,7 +168,7 @@ func TestAMintWhoseMintedRecordCannotBeWrittenIsNeverCommitted(t *testing.T) {
 				env := newEngineEnv(t)
 				proof := env.registered(t)
 				before := env.gates.Revision()
-				env.rec.mintedErr = c.cause
+				env.failMinted(c.cause)
 				m, err := env.serve(t, env.request(t, OpRenewStandingBundle, "registrationProof", proof, "accountPublicKey", env.e.Account, "processEpoch", 0))
 				env.wantDiscarded(t, m, err, c.code, before, 5)
 			})
@@ -175,7 +180,7 @@ func TestAFencedPlaneDiscardsAMintBeforeItsCommit(t *testing.T) {
 	env := newEngineEnv(t)
 	proof := env.registered(t)
 	before := env.gates.Revision()
-	env.e.Fenced = func() bool { return true }
+	env.e.Pipeline.Fenced = func() bool { return true }
 	m, err := env.serve(t, env.request(t, OpRenew, "registrationProof", proof, "accountPublicKey", env.e.Account, "processEpoch", 0))
 	env.wantDiscarded(t, m, err, fault.Unavailable, before, 2)
 }
@@ -186,7 +191,8 @@ func TestAGateWithADeleteMarkerSignsNothing(t *testing.T) {
 			env := newEngineEnv(t)
 			proof := env.registered(t)
 			env.gates.Delete(subjects.GateKey(subjects.GateEndpointManager, env.iid))
-			before, mintedBefore := env.gates.Revision(), env.rec.minted
+			before := env.gates.Revision()
+			mintedBefore, _ := env.recorded(t)
 			extra := []any{"registrationProof", proof, "accountPublicKey", env.e.Account, "processEpoch", 0}
 			switch op {
 			case OpPrepare:
@@ -198,9 +204,10 @@ func TestAGateWithADeleteMarkerSignsNothing(t *testing.T) {
 			if fault.CodeOf(err) != fault.FailedPrecondition {
 				t.Fatalf("got %v, want failed-precondition", err)
 			}
-			if env.rec.minted != mintedBefore || env.gates.Revision() != before || len(env.rec.decisions) != 0 {
+			minted, decisions := env.recorded(t)
+			if minted != mintedBefore || env.gates.Revision() != before || len(decisions) != 0 {
 				t.Fatalf("a refusal before signing wrote minted records (%d→%d), moved the gates (%d→%d) or recorded %v",
-					mintedBefore, env.rec.minted, before, env.gates.Revision(), env.rec.decisions)
+					mintedBefore, minted, before, env.gates.Revision(), decisions)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 )
@@ -28,10 +29,10 @@ func newKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
 	return pub
 }
 
-func identities(t *testing.T) Identities {
-	return Identities{
-		Supervisor: Identity{userKey(t)}, Executor: Identity{userKey(t)}, Serve: Identity{userKey(t)},
-		GoalWriter: Identity{userKey(t)}, SessionLedger: Identity{userKey(t)},
+func identities(t *testing.T) client.Identities {
+	return client.Identities{
+		Supervisor: client.Identity{ID: userKey(t)}, Executor: client.Identity{ID: userKey(t)}, Serve: client.Identity{ID: userKey(t)},
+		GoalWriter: client.Identity{ID: userKey(t)}, SessionLedger: client.Identity{ID: userKey(t)},
 	}
 }
 

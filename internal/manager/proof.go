@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -37,7 +38,7 @@ func ProofKey(signer nkeys.KeyPair) ([]byte, error) {
 
 // IdentitiesDigest is SHA-256 over the five duty nkeys in the order supervisor, executor,
 // serve, goalWriter, sessionLedger.
-func IdentitiesDigest(ids Identities) string {
+func IdentitiesDigest(ids client.Identities) string {
 	h := sha256.New()
 	for _, d := range subjects.StandingDuties {
 		h.Write([]byte(ids.Of(d)))

@@ -3,68 +3,28 @@ package manager
 import (
 	"encoding/json"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 // Kind is the `kind` of a manager-service-authority request.
-const Kind = "manager-service-authority"
+const Kind = client.KindServiceAuthority
 
 // Operations.
 const (
-	OpPrepare             = "prepare"
-	OpActivate            = "activate"
-	OpRenew               = "renew"
-	OpRenewStandingBundle = "renewStandingBundle"
-	OpRenewRunDriver      = "renewRunDriver"
+	OpPrepare             = client.OpPrepare
+	OpActivate            = client.OpActivate
+	OpRenew               = client.OpRenew
+	OpRenewStandingBundle = client.OpRenewStandingBundle
+	OpRenewRunDriver      = client.OpRenewRunDriver
 )
 
-// Identity is one duty's public nkey.
-type Identity struct {
-	ID string `json:"id"`
-}
-
-// Identities are the five duty nkeys a manager generated; only public keys cross the wire.
-type Identities struct {
-	Supervisor    Identity `json:"supervisor"`
-	Executor      Identity `json:"executor"`
-	Serve         Identity `json:"serve"`
-	GoalWriter    Identity `json:"goalWriter"`
-	SessionLedger Identity `json:"sessionLedger"`
-}
-
-// Of returns the nkey of duty d.
-func (ids Identities) Of(d subjects.Duty) string {
-	switch d {
-	case subjects.DutySupervisor:
-		return ids.Supervisor.ID
-	case subjects.DutyExecutor:
-		return ids.Executor.ID
-	case subjects.DutyServe:
-		return ids.Serve.ID
-	case subjects.DutyGoalWriter:
-		return ids.GoalWriter.ID
-	case subjects.DutySessionLedger:
-		return ids.SessionLedger.ID
-	}
-	return ""
-}
-
-// Request is a manager-service-authority request (the §6.2 envelope plus its operation's keys).
+// Request is a manager-service-authority request as the plane parses it: the wire body, and
+// the keys of the original this plane recognises but does not implement.
 type Request struct {
-	V                   int         `json:"v"`
-	Kind                string      `json:"kind"`
-	Operation           string      `json:"operation"`
-	Space               string      `json:"space"`
-	Actor               string      `json:"actor"`
-	InstanceID          string      `json:"instanceId"`
-	ManagerLifecycleUID string      `json:"managerLifecycleUid"`
-	RequestID           string      `json:"requestId"`
-	Identities          *Identities `json:"identities"`
-	RegistrationProof   *string     `json:"registrationProof"`
-	AccountPublicKey    *string     `json:"accountPublicKey"`
-	ProcessEpoch        *uint64     `json:"processEpoch"`
+	client.ServiceAuthority
 
 	// Run belongs to renewRunDriver, which lands with the runs work.
 	Run json.RawMessage `json:"run"`

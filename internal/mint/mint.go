@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -45,8 +46,8 @@ type User struct {
 	Name string
 	// Key is the user's public nkey (the caller's; the plane never sees its seed).
 	Key string
-	// Grant is what the user may do; everything else is denied.
-	Grant subjects.Grant
+	// Permissions are what the user may do; everything else is denied.
+	Permissions subjects.Permissions
 	// Expires is the JWT's expiry; it must be in the future.
 	Expires time.Time
 }
@@ -56,7 +57,7 @@ func (i *Issuer) Sign(u User) (string, error) {
 	if !nkeys.IsValidPublicUserKey(u.Key) {
 		return "", fmt.Errorf("mint %s: %q is not a user nkey", u.Name, u.Key)
 	}
-	if len(u.Grant.Pub) == 0 || len(u.Grant.Sub) == 0 {
+	if len(u.Permissions.Pub) == 0 || len(u.Permissions.Sub) == 0 {
 		// An empty allow list means "allow everything" to the broker.
 		return "", fmt.Errorf("mint %s: a grant needs publish and subscribe allow lists", u.Name)
 	}
@@ -71,8 +72,8 @@ func (i *Issuer) Sign(u User) (string, error) {
 	if i.signerPub != i.account {
 		uc.IssuerAccount = i.account
 	}
-	uc.Permissions.Pub.Allow = append(jwt.StringList(nil), u.Grant.Pub...)
-	uc.Permissions.Sub.Allow = append(jwt.StringList(nil), u.Grant.Sub...)
+	uc.Permissions.Pub.Allow = append(jwt.StringList(nil), u.Permissions.Pub...)
+	uc.Permissions.Sub.Allow = append(jwt.StringList(nil), u.Permissions.Sub...)
 	token, err := uc.Encode(i.signer)
 	if err != nil {
 		return "", fmt.Errorf("mint %s: %w", u.Name, err)
@@ -102,6 +103,10 @@ func (i *Issuer) verify(token string, u User) error {
 		return errors.New("issuer account differs")
 	case got.Resp != nil || got.BearerToken:
 		return errors.New("unexpected response permission or bearer flag")
+	case !slices.Equal(got.Pub.Allow, u.Permissions.Pub) || !slices.Equal(got.Sub.Allow, u.Permissions.Sub):
+		return errors.New("publish or subscribe allow list differs from the permissions asked for")
+	case len(got.Pub.Deny) != 0 || len(got.Sub.Deny) != 0:
+		return errors.New("unexpected deny list")
 	}
 	return nil
 }
@@ -109,7 +114,7 @@ func (i *Issuer) verify(token string, u User) error {
 // Connect returns a nats.Option that authenticates as a fresh, process-local user of this
 // issuer's account: every (re)connect presents a newly signed JWT that lives for ttl. Pair it
 // with a periodic ForceReconnect before ttl runs out.
-func (i *Issuer) Connect(name string, g subjects.Grant, ttl time.Duration) (nats.Option, error) {
+func (i *Issuer) Connect(name string, g subjects.Permissions, ttl time.Duration) (nats.Option, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		return nil, fmt.Errorf("user key for %s: %w", name, err)
@@ -120,7 +125,7 @@ func (i *Issuer) Connect(name string, g subjects.Grant, ttl time.Duration) (nats
 	}
 	return nats.UserJWT(
 		func() (string, error) {
-			return i.Sign(User{Name: name, Key: pub, Grant: g, Expires: i.now().Add(ttl)})
+			return i.Sign(User{Name: name, Key: pub, Permissions: g, Expires: i.now().Add(ttl)})
 		},
 		func(nonce []byte) ([]byte, error) { return kp.Sign(nonce) },
 	), nil

@@ -45,13 +45,13 @@ func userPub(t testing.TB) string {
 	return pub
 }
 
-var grant = subjects.Grant{Pub: []string{"a.b"}, Sub: []string{"_INBOX.o.a.>"}}
+var grant = subjects.Permissions{Pub: []string{"a.b"}, Sub: []string{"_INBOX.o.a.>"}}
 
 func TestSignIssuesWhatWasAskedSignedByTheSigningKey(t *testing.T) {
 	iss, account, signer := newIssuer(t)
 	key := userPub(t)
 	exp := time.Now().Add(time.Hour).Truncate(time.Second)
-	token, err := iss.Sign(User{Name: "o.a", Key: key, Grant: grant, Expires: exp})
+	token, err := iss.Sign(User{Name: "o.a", Key: key, Permissions: grant, Expires: exp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,15 +75,45 @@ func TestSignRefusesWhatWouldBeUnsafe(t *testing.T) {
 	iss, account, _ := newIssuer(t)
 	future := time.Now().Add(time.Hour)
 	cases := map[string]User{
-		"an empty publish list (allow all)":   {Name: "o.a", Key: userPub(t), Grant: subjects.Grant{Sub: grant.Sub}, Expires: future},
-		"an empty subscribe list (allow all)": {Name: "o.a", Key: userPub(t), Grant: subjects.Grant{Pub: grant.Pub}, Expires: future},
-		"an account key as subject":           {Name: "o.a", Key: account, Grant: grant, Expires: future},
-		"an expiry in the past":               {Name: "o.a", Key: userPub(t), Grant: grant, Expires: time.Now().Add(-time.Second)},
+		"an empty publish list (allow all)":   {Name: "o.a", Key: userPub(t), Permissions: subjects.Permissions{Sub: grant.Sub}, Expires: future},
+		"an empty subscribe list (allow all)": {Name: "o.a", Key: userPub(t), Permissions: subjects.Permissions{Pub: grant.Pub}, Expires: future},
+		"an account key as subject":           {Name: "o.a", Key: account, Permissions: grant, Expires: future},
+		"an expiry in the past":               {Name: "o.a", Key: userPub(t), Permissions: grant, Expires: time.Now().Add(-time.Second)},
 	}
 	for name, u := range cases {
 		t.Run(name, func(t *testing.T) {
 			if token, err := iss.Sign(u); err == nil {
 				t.Fatalf("got a token (%d bytes), want a refusal", len(token))
+			}
+		})
+	}
+}
+
+// The re-check after signing compares what the token says with what was asked, list by list.
+func TestVerifyRefusesATokenThatSaysOtherThanWasAsked(t *testing.T) {
+	iss, _, _ := newIssuer(t)
+	u := User{Name: "o.a", Key: userPub(t), Permissions: grant, Expires: time.Now().Add(time.Hour).Truncate(time.Second)}
+	token, err := iss.Sign(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := iss.verify(token, u); err != nil {
+		t.Fatalf("the token as asked: got %v, want it to verify", err)
+	}
+	asks := map[string]func(*User){
+		"another name":               func(u *User) { u.Name = "o.b" },
+		"another expiry":             func(u *User) { u.Expires = u.Expires.Add(time.Second) },
+		"one more publish subject":   func(u *User) { u.Permissions.Pub = append([]string{"x"}, grant.Pub...) },
+		"another subscribe subject":  func(u *User) { u.Permissions.Sub = []string{"_INBOX.o.b.>"} },
+		"no publish subjects":        func(u *User) { u.Permissions.Pub = nil },
+		"another key as the subject": func(u *User) { u.Key = userPub(t) },
+	}
+	for name, change := range asks {
+		t.Run(name, func(t *testing.T) {
+			other := u
+			change(&other)
+			if err := iss.verify(token, other); err == nil {
+				t.Fatal("got nil, want the difference found")
 			}
 		})
 	}
@@ -96,7 +126,7 @@ func TestSignRefusesWhatWouldBeUnsafe(t *testing.T) {
 func BenchmarkSign(b *testing.B) {
 	iss, _, signer := newIssuer(b)
 	key := userPub(b)
-	u := User{Name: "o.a", Key: key, Grant: grant, Expires: time.Now().Add(time.Hour)}
+	u := User{Name: "o.a", Key: key, Permissions: grant, Expires: time.Now().Add(time.Hour)}
 	claims := func() *jwt.UserClaims {
 		uc := jwt.NewUserClaims(key)
 		uc.Name, uc.Expires = u.Name, u.Expires.Unix()

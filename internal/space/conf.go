@@ -9,7 +9,7 @@ import (
 // ServerConf renders a nats-server configuration for servers the plane does not run: operator
 // mode, a full account resolver preloaded with the four accounts, and JetStream. storeDir is
 // where the server keeps its resolver and JetStream data; listen is its client address.
-func (m *Material) ServerConf(storeDir, listen string) string {
+func (m *Keys) ServerConf(storeDir, listen string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# nats-server configuration for Cotal space %q, written by `authplane init`.\n", m.Space)
 	b.WriteString("# Operator mode with a full account resolver; JetStream for the plane account only.\n\n")

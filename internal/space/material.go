@@ -58,8 +58,8 @@ func (a Account) Public() string {
 	return pub
 }
 
-// Material is the whole space material in memory.
-type Material struct {
+// Keys is the space material in memory: every key, JWT and secret of the space.
+type Keys struct {
 	Space string
 	Dir   string
 
@@ -102,7 +102,7 @@ var ErrNotFound = errors.New("no space material")
 
 // LoadOrCreate loads the material in dir, or creates it for space when dir does not exist. It
 // reports whether it created the material.
-func LoadOrCreate(dir, space string) (*Material, bool, error) {
+func LoadOrCreate(dir, space string) (*Keys, bool, error) {
 	m, err := Load(dir)
 	if err == nil {
 		if m.Space != space {
@@ -126,7 +126,7 @@ func LoadOrCreate(dir, space string) (*Material, bool, error) {
 // the material or none of it. An existing directory (a volume's mount point, say) is filled in
 // place only if it holds no descriptor yet; the descriptor is written last, so a crash leaves
 // material that Load still reports as absent. Existing material is never overwritten.
-func Create(dir, space string) (*Material, error) {
+func Create(dir, space string) (*Keys, error) {
 	if !subjects.ValidSpace(space) {
 		return nil, fmt.Errorf("space %q: want [a-z0-9][a-z0-9_-]{0,31}", space)
 	}
@@ -162,8 +162,8 @@ func Create(dir, space string) (*Material, error) {
 	return m, nil
 }
 
-func generate(space string) (*Material, error) {
-	m := &Material{Space: space}
+func generate(space string) (*Keys, error) {
+	m := &Keys{Space: space}
 	var err error
 	pair := func(create func() (nkeys.KeyPair, error)) nkeys.KeyPair {
 		if err != nil {
@@ -214,68 +214,7 @@ func NewBearerKey() (jose.JSONWebKey, error) {
 	return k, nil
 }
 
-// signJWTs issues the operator and account JWTs (DESIGN §3).
-func (m *Material) signJWTs() error {
-	opPub, opSigner := mustPublic(m.Operator), mustPublic(m.OperatorSigner)
-	sysPub := m.System.Public()
-	dataPub := m.Data.Public()
-
-	op := jwt.NewOperatorClaims(opPub)
-	op.Name = "cotal_" + m.Space
-	op.SigningKeys.Add(opSigner)
-	op.SystemAccount = sysPub
-	op.StrictSigningKeyUsage = true
-	var err error
-	if m.OperatorJWT, err = op.Encode(m.Operator); err != nil {
-		return fmt.Errorf("sign operator JWT: %w", err)
-	}
-
-	sys := jwt.NewAccountClaims(sysPub)
-	sys.Name = m.System.Name
-	sys.SigningKeys.Add(mustPublic(m.System.Signer))
-	sys.Exports = jwt.Exports{
-		&jwt.Export{Name: "account-monitoring-services", Subject: "$SYS.REQ.ACCOUNT.*.*", Type: jwt.Service, ResponseType: jwt.ResponseTypeStream, AccountTokenPosition: 4},
-		&jwt.Export{Name: "account-monitoring-streams", Subject: "$SYS.ACCOUNT.*.>", Type: jwt.Stream, AccountTokenPosition: 3},
-	}
-
-	data := jwt.NewAccountClaims(dataPub)
-	data.Name = m.Data.Name
-	data.SigningKeys.Add(mustPublic(m.Data.Signer))
-	// No JetStream: minted users live here, and an ack goes wherever its publisher says.
-	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
-	for _, subj := range subjects.RunStartExports(m.Space) {
-		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
-	}
-
-	plane := jwt.NewAccountClaims(m.Plane.Public())
-	plane.Name = m.Plane.Name
-	plane.SigningKeys.Add(mustPublic(m.Plane.Signer))
-	plane.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
-	for _, subj := range subjects.RunStartExports(m.Space) {
-		plane.Imports.Add(&jwt.Import{Name: "run-start", Subject: jwt.Subject(subj), Account: dataPub, Type: jwt.Stream})
-	}
-
-	callout := jwt.NewAccountClaims(m.Callout.Public())
-	callout.Name = m.Callout.Name
-	callout.SigningKeys.Add(mustPublic(m.Callout.Signer))
-	callout.Authorization = jwt.ExternalAuthorization{
-		AuthUsers:       jwt.StringList{mustPublic(m.CalloutUser)},
-		AllowedAccounts: jwt.StringList{dataPub},
-		XKey:            mustPublic(m.CalloutXKey),
-	}
-
-	for _, a := range []struct {
-		acct   *Account
-		claims *jwt.AccountClaims
-	}{{&m.System, sys}, {&m.Data, data}, {&m.Plane, plane}, {&m.Callout, callout}} {
-		if a.acct.JWT, err = a.claims.Encode(m.OperatorSigner); err != nil {
-			return fmt.Errorf("sign %s account JWT: %w", a.acct.Name, err)
-		}
-	}
-	return nil
-}
-
-func (m *Material) write(dir string) error {
+func (m *Keys) write(dir string) error {
 	desc := descriptor{
 		Ver: 1, Space: m.Space, Operator: m.OperatorJWT,
 		Accounts: map[string]string{"system": m.System.JWT, "data": m.Data.JWT, "plane": m.Plane.JWT, "callout": m.Callout.JWT},
@@ -316,7 +255,7 @@ func (m *Material) write(dir string) error {
 	return files.WriteAtomic(filepath.Join(dir, descriptorFile), out[descriptorFile], files.Private)
 }
 
-func (m *Material) seeds() map[string]nkeys.KeyPair {
+func (m *Keys) seeds() map[string]nkeys.KeyPair {
 	s := map[string]nkeys.KeyPair{
 		operatorSeedFile:    m.Operator,
 		systemSeedFile:      m.System.Key,
@@ -338,7 +277,7 @@ func (m *Material) seeds() map[string]nkeys.KeyPair {
 
 // Load reads the material in dir and checks that every key matches the JWTs that name it.
 // Every missing or broken file is reported at once. The operator signing key may be absent.
-func Load(dir string) (*Material, error) {
+func Load(dir string) (*Keys, error) {
 	descJSON, err := os.ReadFile(filepath.Join(dir, descriptorFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%s: %w", dir, ErrNotFound)
@@ -350,7 +289,7 @@ func Load(dir string) (*Material, error) {
 	if err := json.Unmarshal(descJSON, &desc); err != nil || desc.Ver != 1 || !subjects.ValidSpace(desc.Space) {
 		return nil, fmt.Errorf("read space material: %s is not a version 1 space descriptor", filepath.Join(dir, descriptorFile))
 	}
-	m := &Material{Space: desc.Space, Dir: dir, OperatorJWT: desc.Operator}
+	m := &Keys{Space: desc.Space, Dir: dir, OperatorJWT: desc.Operator}
 	var problems []error
 	seed := func(name string, optional bool) nkeys.KeyPair {
 		raw, err := os.ReadFile(filepath.Join(dir, name))
@@ -402,7 +341,7 @@ func Load(dir string) (*Material, error) {
 }
 
 // check verifies that the JWTs are the ones the keys describe.
-func (m *Material) check() []error {
+func (m *Keys) check() []error {
 	var problems []error
 	op, err := jwt.DecodeOperatorClaims(m.OperatorJWT)
 	if err != nil {
@@ -437,12 +376,12 @@ func (m *Material) check() []error {
 }
 
 // OperatorClaims decodes the operator JWT.
-func (m *Material) OperatorClaims() (*jwt.OperatorClaims, error) {
+func (m *Keys) OperatorClaims() (*jwt.OperatorClaims, error) {
 	return jwt.DecodeOperatorClaims(m.OperatorJWT)
 }
 
 // Accounts lists the four accounts in a fixed order: system, data, plane, callout.
-func (m *Material) Accounts() []Account { return []Account{m.System, m.Data, m.Plane, m.Callout} }
+func (m *Keys) Accounts() []Account { return []Account{m.System, m.Data, m.Plane, m.Callout} }
 
 func mustPublic(kp nkeys.KeyPair) string {
 	pub, err := kp.PublicKey()

@@ -15,15 +15,22 @@ import (
 type Stores struct {
 	Space string
 
-	Auth      *KV
-	Actors    *KV
-	Issued    *KV
-	Accepted  *KV
+	// Auth holds the fences: gates, run fences, revocation sets.
+	Auth *KV
+	// Actors is the ledger of scopes.
+	Actors *KV
+	// Issued holds issued evidence and attempt rows; Accepted the write-once accepted rows.
+	Issued   *KV
+	Accepted *KV
+	// Admission holds run admissions, revocation markers and witness markers (create-only).
 	Admission *KV
-	Records   *KV
-	Platform  *KV
-	Keys      *KV
-	Secrets   *KV
+	// RunStatus holds run status rows (the `cotal_records_<space>` bucket).
+	RunStatus *KV
+	// Platform holds supervisor assignments.
+	Platform *KV
+	// Keys holds bearer issuer keys; Secrets claimed instance identities.
+	Keys    *KV
+	Secrets *KV
 
 	js jetstream.JetStream
 }
@@ -47,7 +54,7 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 		{&s.Issued, subjects.IssuedBucket(space)},
 		{&s.Accepted, subjects.AcceptedBucket(space)},
 		{&s.Admission, subjects.AdmissionBucket(space)},
-		{&s.Records, subjects.RecordsBucket(space)},
+		{&s.RunStatus, subjects.RecordsBucket(space)},
 		{&s.Platform, subjects.PlatformBucket(space)},
 		{&s.Keys, subjects.KeysBucket(space)},
 		{&s.Secrets, subjects.SecretsBucket(space)},
@@ -66,30 +73,20 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 	return s, nil
 }
 
-// Append publishes one record to a record stream (minted, audit) and waits for the ack. A full
-// stream is ErrFull; a lost ack is ErrUnknownOutcome.
-func (s *Stores) Append(ctx context.Context, subject string, data []byte) error {
-	if _, err := s.js.Publish(ctx, subject, data); err != nil {
+// Append publishes one record to a record stream (minted, audit) and waits for its ack. A
+// non-empty msgID makes a retry idempotent: within the stream's duplicate window a second
+// append with the same id is acknowledged without a second record. A full stream is ErrFull; a
+// lost ack is ErrUnknownOutcome.
+func (s *Stores) Append(ctx context.Context, subject string, data []byte, msgID string) error {
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	if _, err := s.js.Publish(ctx, subject, data, opts...); err != nil {
 		return fmt.Errorf("append %s: %w", subject, Classify(err))
 	}
 	return nil
 }
-
-// LastRecord returns the latest record on subject of stream (a leader read).
-func (s *Stores) LastRecord(ctx context.Context, stream, subject string) ([]byte, error) {
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return nil, err
-	}
-	m, err := st.GetLastMsgForSubject(ctx, subject)
-	if err != nil {
-		return nil, err
-	}
-	return m.Data, nil
-}
-
-// JetStream returns the JetStream context for callers that need a stream directly.
-func (s *Stores) JetStream() jetstream.JetStream { return s.js }
 
 // OpenBucket opens one existing bucket without ensuring anything: for tools that connect to a
 // plane's broker.

@@ -1,9 +1,11 @@
-package service
+// Package admin is the plane's administration, apart from the running plane: `init` writes a
+// space's material and its servers' configuration, `creds` writes a principal's credential,
+// `grant` writes a principal's scopes, `nkeys` generates a manager's keys. Each finds the space
+// and its broker from a plane's state directory, or is told them; none takes the state lock.
+package admin
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
@@ -33,23 +37,20 @@ type Locate struct {
 	NATSURL  string
 }
 
-func (l Locate) info() (*ServiceInfo, error) {
-	raw, err := os.ReadFile(filepath.Join(l.Dir, ServiceInfoFile))
-	if err != nil {
-		return nil, err
-	}
-	var info ServiceInfo
-	if err := json.Unmarshal(raw, &info); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(l.Dir, ServiceInfoFile), err)
-	}
-	return &info, nil
-}
+// ServiceInfoFile is the readiness file a serving plane keeps in its state directory.
+const ServiceInfoFile = instance.ServiceInfoFile
 
-// Material loads the space material: --space-dir, else the running plane's, else <dir>/space.
-func (l Locate) Material() (*space.Material, error) {
+// ServiceInfo is the content of a serving plane's auth-service.json.
+type ServiceInfo = instance.ServiceInfo
+
+// ReadServiceInfo reads the service info a serving plane keeps in its state directory dir.
+func ReadServiceInfo(dir string) (*ServiceInfo, error) { return instance.ReadServiceInfo(dir) }
+
+// Keys loads the space material: --space-dir, else the running plane's, else <dir>/space.
+func (l Locate) Keys() (*space.Keys, error) {
 	dir := l.SpaceDir
 	if dir == "" {
-		if info, err := l.info(); err == nil && info.SpaceDir != "" {
+		if info, err := instance.ReadServiceInfo(l.Dir); err == nil && info.SpaceDir != "" {
 			dir = info.SpaceDir
 		} else {
 			dir = filepath.Join(l.Dir, "space")
@@ -67,7 +68,7 @@ func (l Locate) URL() (string, error) {
 	if l.NATSURL != "" {
 		return l.NATSURL, nil
 	}
-	info, err := l.info()
+	info, err := instance.ReadServiceInfo(l.Dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("no plane is running with --dir %s (no %s): start one, or pass --nats-url", l.Dir, ServiceInfoFile)
 	}
@@ -79,7 +80,7 @@ func (l Locate) URL() (string, error) {
 
 // CallerCreds mints a `.creds` file (user JWT and a fresh seed) for principal owner.actor with
 // the "caller" permissions of DESIGN §6.8, valid for ttl.
-func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
+func CallerCreds(m *space.Keys, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
 	if !subjects.ValidOwner(owner) {
 		return nil, fmt.Errorf("--owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
 	}
@@ -93,7 +94,7 @@ func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now 
 	if err != nil {
 		return nil, err
 	}
-	_, grant, err := subjects.Permissions(subjects.DutyCaller, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
+	_, perms, err := subjects.PermissionsOf(subjects.DutyCaller, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +106,7 @@ func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now 
 	if err != nil {
 		return nil, err
 	}
-	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Grant: grant, Expires: now.Add(ttl)})
+	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Permissions: perms, Expires: now.Add(ttl)})
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +118,7 @@ func CallerCreds(m *space.Material, owner, actor string, ttl time.Duration, now 
 }
 
 // WriteCallerCreds writes CallerCreds to path (0600, atomically).
-func WriteCallerCreds(path string, m *space.Material, owner, actor string, ttl time.Duration, now time.Time) error {
+func WriteCallerCreds(path string, m *space.Keys, owner, actor string, ttl time.Duration, now time.Time) error {
 	data, err := CallerCreds(m, owner, actor, ttl, now)
 	if err != nil {
 		return err
@@ -125,9 +126,10 @@ func WriteCallerCreds(path string, m *space.Material, owner, actor string, ttl t
 	return files.WriteAtomic(path, data, files.Private)
 }
 
-// Grant writes principal owner.actor's ledger row with exactly scope, connecting to natsURL as
-// a short-lived plane-account user. The plane must have created its buckets (it has run once).
-func Grant(ctx context.Context, m *space.Material, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
+// Grant writes principal owner.actor's ledger row with exactly scope (`authplane grant`),
+// connecting to natsURL as a short-lived plane-account user. The plane must have created its
+// buckets (it has run once).
+func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
 	nc, err := ConnectPlaneAccount(m, natsURL, "grant")
 	if err != nil {
 		return ledger.Row{}, err
@@ -140,17 +142,17 @@ func Grant(ctx context.Context, m *space.Material, natsURL, owner, actor string,
 	if err != nil {
 		return ledger.Row{}, err
 	}
-	return ledger.Grant(ctx, kv, owner, actor, scope, time.Now())
+	return ledger.SetScope(ctx, kv, owner, actor, scope, time.Now())
 }
 
 // ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,
 // valid for five minutes: what tools (and tests) use to reach the plane's buckets.
-func ConnectPlaneAccount(m *space.Material, natsURL, role string) (*nats.Conn, error) {
+func ConnectPlaneAccount(m *space.Keys, natsURL, role string) (*nats.Conn, error) {
 	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
-	auth, err := iss.Connect("plane."+role, subjects.StoreGrant(m.Space), 5*time.Minute)
+	auth, err := iss.Connect("plane."+role, subjects.StorePermissions(m.Space), 5*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -208,35 +210,24 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 	if err := files.EnsureDir(dir); err != nil {
 		return nil, err
 	}
-	identities := map[string]map[string]string{}
+	m, keys, err := client.NewManager()
+	if err != nil {
+		return nil, err
+	}
 	for _, d := range subjects.StandingDuties {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return nil, err
-		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return nil, err
-		}
-		pub, err := kp.PublicKey()
+		seed, err := keys[d].Seed()
 		if err != nil {
 			return nil, err
 		}
 		if err := files.WriteAtomic(filepath.Join(dir, string(d)+".nk"), append(seed, '\n'), files.Private); err != nil {
 			return nil, err
 		}
-		identities[string(d)] = map[string]string{"id": pub}
 	}
-	rid := make([]byte, 18)
-	if _, err := rand.Read(rid); err != nil {
-		return nil, err
-	}
-	body, err := json.Marshal(map[string]any{
-		"v": 1, "kind": "manager-service-authority", "operation": "prepare",
-		"space": spaceName, "actor": actor,
-		"instanceId": instance.NewUID(), "managerLifecycleUid": instance.NewUID(),
-		"requestId":  base64.RawURLEncoding.EncodeToString(rid),
-		"identities": identities,
+	identities := m.Identities
+	body, err := json.Marshal(client.ServiceAuthority{
+		V: 1, Kind: client.KindServiceAuthority, Operation: client.OpPrepare, Space: spaceName, Actor: actor,
+		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
+		Identities: &identities,
 	})
 	if err != nil {
 		return nil, err

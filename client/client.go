@@ -1,0 +1,256 @@
+// Package client is the Go client a manager process imports to call the authority plane over
+// NATS as one principal: typed requests and replies for manager-service authority, and a
+// Refusal error that carries the plane's refusal code. It sets the principal's inbox prefix
+// itself, the only place the plane answers.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// DefaultTimeout bounds a request whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
+// Client calls the plane of one space as one principal, `<owner>.<actor>`.
+type Client struct {
+	nc    *nats.Conn
+	own   bool
+	space string
+	owner string
+	actor string
+}
+
+// Connect connects to url as principal owner.actor of space, with the principal's inbox
+// prefix set. opts carry the credential (nats.UserCredentials, nats.UserJWTAndSeed, …). Close
+// closes the connection.
+func Connect(url, space, owner, actor string, opts ...nats.Option) (*Client, error) {
+	if err := checkPrincipal(space, owner, actor); err != nil {
+		return nil, err
+	}
+	all := append([]nats.Option{
+		nats.CustomInboxPrefix(subjects.InboxPrefix(owner, actor)),
+		nats.Name("cotal " + subjects.Principal(owner, actor)),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", subjects.Principal(owner, actor), err)
+	}
+	return &Client{nc: nc, own: true, space: space, owner: owner, actor: actor}, nil
+}
+
+// New returns a client on a connection the caller made and keeps. Its inbox prefix must be the
+// principal's (nats.CustomInboxPrefix(subjects.InboxPrefix(owner, actor))), or no answer could
+// reach it.
+func New(nc *nats.Conn, space, owner, actor string) (*Client, error) {
+	if err := checkPrincipal(space, owner, actor); err != nil {
+		return nil, err
+	}
+	if want := subjects.InboxPrefix(owner, actor) + "."; !strings.HasPrefix(nc.NewRespInbox(), want) {
+		return nil, fmt.Errorf("the connection's inbox prefix is not %s: the plane answers %s only there", want, subjects.Principal(owner, actor))
+	}
+	return &Client{nc: nc, space: space, owner: owner, actor: actor}, nil
+}
+
+func checkPrincipal(space, owner, actor string) error {
+	switch {
+	case !subjects.ValidSpace(space):
+		return fmt.Errorf("space %q: want [a-z0-9][a-z0-9_-]{0,31}", space)
+	case !subjects.ValidOwner(owner):
+		return fmt.Errorf("owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
+	case !subjects.ValidActor(actor):
+		return fmt.Errorf("actor %q: want [A-Za-z0-9_]{1,64}", actor)
+	}
+	return nil
+}
+
+// Conn is the client's connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// Close closes the connection if Connect made it.
+func (c *Client) Close() {
+	if c.own {
+		c.nc.Close()
+	}
+}
+
+// Refusal is the plane's answer to a request it refused.
+type Refusal struct {
+	// Code is one of DESIGN §5's: bad-request, permission-denied, conflict, …
+	Code string
+	// Numeric is the `Nats-Service-Error-Code` header: 400, 403, 409, …
+	Numeric int
+	Message string
+	// Details is what some refusals carry beside the message, as sent.
+	Details json.RawMessage
+}
+
+// Error returns "<code>: <message>".
+func (r *Refusal) Error() string { return r.Code + ": " + r.Message }
+
+// CodeOf returns the refusal code of err, or "" when err is not a refusal.
+func CodeOf(err error) string {
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r.Code
+	}
+	return ""
+}
+
+// Do sends body (marshalled, unless it is a []byte or a string) on endpoint as the client's
+// principal and returns the reply's data, or a *Refusal.
+func (c *Client) Do(ctx context.Context, endpoint string, body any) ([]byte, error) {
+	msg, err := c.Request(ctx, endpoint, body)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(msg)
+}
+
+// Request is Do without the decoding: it returns the answer as it came, headers and all, for
+// tools that look at the wire.
+func (c *Client) Request(ctx context.Context, endpoint string, body any) (*nats.Msg, error) {
+	var data []byte
+	switch b := body.(type) {
+	case []byte:
+		data = b
+	case string:
+		data = []byte(b)
+	default:
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	msg, err := c.nc.RequestWithContext(ctx, subjects.EndpointSubject(c.space, endpoint, c.owner, c.actor), data)
+	if err != nil {
+		return nil, fmt.Errorf("%s as %s: %w", endpoint, subjects.Principal(c.owner, c.actor), err)
+	}
+	return msg, nil
+}
+
+// Decode returns the data of an answer from the plane, or the *Refusal it carries.
+func Decode(msg *nats.Msg) ([]byte, error) {
+	code := msg.Header.Get("Nats-Service-Error-Code")
+	if code == "" {
+		return msg.Data, nil
+	}
+	var e struct {
+		Error struct {
+			Code    string          `json:"code"`
+			Message string          `json:"message"`
+			Details json.RawMessage `json:"details"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &e); err != nil {
+		return nil, fmt.Errorf("a refusal (%s %s) whose body does not decode: %w", code, msg.Header.Get("Nats-Service-Error"), err)
+	}
+	n, err := strconv.Atoi(code)
+	if err != nil {
+		return nil, fmt.Errorf("a refusal whose code %q is not a number", code)
+	}
+	return nil, &Refusal{Code: e.Error.Code, Numeric: n, Message: e.Error.Message, Details: e.Error.Details}
+}
+
+// Manager is what a manager process tells the plane about itself: its instance, its lifecycle
+// and the public nkeys of its five duties.
+type Manager struct {
+	InstanceID   string
+	LifecycleUID string
+	Identities   Identities
+}
+
+// NewManager returns a fresh manager: a new instance id and lifecycle uid, and five duty nkeys
+// it generated, whose seeds stay with the caller.
+func NewManager() (Manager, map[subjects.Duty]nkeys.KeyPair, error) {
+	m := Manager{InstanceID: ids.UID(), LifecycleUID: ids.UID()}
+	keys := map[subjects.Duty]nkeys.KeyPair{}
+	set := map[subjects.Duty]*Identity{
+		subjects.DutySupervisor: &m.Identities.Supervisor, subjects.DutyExecutor: &m.Identities.Executor,
+		subjects.DutyServe: &m.Identities.Serve, subjects.DutyGoalWriter: &m.Identities.GoalWriter,
+		subjects.DutySessionLedger: &m.Identities.SessionLedger,
+	}
+	for _, d := range subjects.StandingDuties {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return Manager{}, nil, err
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return Manager{}, nil, err
+		}
+		keys[d], set[d].ID = kp, pub
+	}
+	return m, keys, nil
+}
+
+// Body returns the manager-service-authority body of operation op for m, sent by this client's
+// actor under a fresh request id; the caller adds the operation's keys.
+func (c *Client) Body(op string, m Manager) ServiceAuthority {
+	identities := m.Identities
+	return ServiceAuthority{
+		V: 1, Kind: KindServiceAuthority, Operation: op, Space: c.space, Actor: c.actor,
+		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
+		Identities: &identities,
+	}
+}
+
+// ServiceAuthority sends one manager-service-authority body and decodes the material.
+func (c *Client) ServiceAuthority(ctx context.Context, body ServiceAuthority) (*Material, error) {
+	data, err := c.Do(ctx, subjects.EndpointManagerAuthority, body)
+	if err != nil {
+		return nil, err
+	}
+	var m Material
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s: reply does not decode: %w", body.Operation, err)
+	}
+	return &m, nil
+}
+
+// Prepare registers m (or re-registers it, advancing its process epoch) and returns the
+// supervisor and executor credentials and the registrationProof Activate needs. The caller
+// needs scope `supervise`.
+func (c *Client) Prepare(ctx context.Context, m Manager) (*Material, error) {
+	return c.ServiceAuthority(ctx, c.Body(OpPrepare, m))
+}
+
+// Activate presents prepare's registrationProof and returns the serve, goalWriter and
+// sessionLedger credentials, and in NextRegistrationProof the proof renewals carry.
+func (c *Client) Activate(ctx context.Context, m Manager, registrationProof string) (*Material, error) {
+	b := c.Body(OpActivate, m)
+	b.RegistrationProof = &registrationProof
+	return c.ServiceAuthority(ctx, b)
+}
+
+// Renew returns fresh supervisor and executor credentials.
+func (c *Client) Renew(ctx context.Context, m Manager, r Renewal) (*Material, error) {
+	return c.ServiceAuthority(ctx, c.renewal(OpRenew, m, r))
+}
+
+// RenewStandingBundle returns fresh credentials for all five duties.
+func (c *Client) RenewStandingBundle(ctx context.Context, m Manager, r Renewal) (*Material, error) {
+	return c.ServiceAuthority(ctx, c.renewal(OpRenewStandingBundle, m, r))
+}
+
+func (c *Client) renewal(op string, m Manager, r Renewal) ServiceAuthority {
+	b := c.Body(op, m)
+	b.RegistrationProof, b.AccountPublicKey, b.ProcessEpoch = &r.Proof, &r.Account, &r.Epoch
+	return b
+}

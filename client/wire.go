@@ -1,0 +1,117 @@
+package client
+
+import "github.com/cotal-ai/authplane/subjects"
+
+// KindServiceAuthority is the `kind` of a manager-service-authority request (DESIGN §6.2).
+const KindServiceAuthority = "manager-service-authority"
+
+// Operations of manager-service-authority.
+const (
+	OpPrepare             = "prepare"
+	OpActivate            = "activate"
+	OpRenew               = "renew"
+	OpRenewStandingBundle = "renewStandingBundle"
+	OpRenewRunDriver      = "renewRunDriver"
+)
+
+// Identity is one duty's public nkey.
+type Identity struct {
+	ID string `json:"id"`
+}
+
+// Identities are the five duty nkeys a manager generated; only public keys cross the wire.
+type Identities struct {
+	Supervisor    Identity `json:"supervisor"`
+	Executor      Identity `json:"executor"`
+	Serve         Identity `json:"serve"`
+	GoalWriter    Identity `json:"goalWriter"`
+	SessionLedger Identity `json:"sessionLedger"`
+}
+
+// Of returns the nkey of duty d ("" for a duty that is not a standing one).
+func (ids Identities) Of(d subjects.Duty) string {
+	switch d {
+	case subjects.DutySupervisor:
+		return ids.Supervisor.ID
+	case subjects.DutyExecutor:
+		return ids.Executor.ID
+	case subjects.DutyServe:
+		return ids.Serve.ID
+	case subjects.DutyGoalWriter:
+		return ids.GoalWriter.ID
+	case subjects.DutySessionLedger:
+		return ids.SessionLedger.ID
+	}
+	return ""
+}
+
+// ServiceAuthority is the body of a manager-service-authority request: the §6.2 envelope and
+// the keys of its operation. Pointer fields are the ones an operation may leave out.
+type ServiceAuthority struct {
+	V                   int         `json:"v"`
+	Kind                string      `json:"kind"`
+	Operation           string      `json:"operation"`
+	Space               string      `json:"space"`
+	Actor               string      `json:"actor"`
+	InstanceID          string      `json:"instanceId"`
+	ManagerLifecycleUID string      `json:"managerLifecycleUid"`
+	RequestID           string      `json:"requestId"`
+	Identities          *Identities `json:"identities"`
+	RegistrationProof   *string     `json:"registrationProof,omitempty"`
+	AccountPublicKey    *string     `json:"accountPublicKey,omitempty"`
+	ProcessEpoch        *uint64     `json:"processEpoch,omitempty"`
+}
+
+// Material is the reply to a manager-service-authority request: a credential per duty minted,
+// and what the manager sends back on its next request.
+type Material struct {
+	V           int                   `json:"v"`
+	Kind        string                `json:"kind"`
+	Operation   string                `json:"operation"`
+	Owner       string                `json:"owner"`
+	Actors      map[string]string     `json:"actors"`
+	Credentials map[string]Credential `json:"credentials"`
+	// IssuedAt and ExpiresAt are in milliseconds; ExpiresAt is the earliest credential expiry.
+	IssuedAt  int64 `json:"issuedAt"`
+	ExpiresAt int64 `json:"expiresAt"`
+	// RegistrationProof is prepare's (activate needs it); NextRegistrationProof is activate's
+	// (renewals need it).
+	RegistrationProof     string `json:"registrationProof,omitempty"`
+	NextRegistrationProof string `json:"nextRegistrationProof,omitempty"`
+	RequestID             string `json:"requestId"`
+	InstanceID            string `json:"instanceId"`
+	ManagerLifecycleUID   string `json:"managerLifecycleUid"`
+	AccountPublicKey      string `json:"accountPublicKey"`
+	ProcessEpoch          uint64 `json:"processEpoch"`
+}
+
+// Credential is one minted user JWT and its expiry (seconds).
+type Credential struct {
+	JWT string `json:"jwt"`
+	Exp int64  `json:"exp"`
+}
+
+// Renewal is what renewals carry: the current proof, the data account and the process epoch.
+type Renewal struct {
+	Proof   string
+	Account string
+	Epoch   uint64
+}
+
+// Renewal returns what renewals of the registration an activate reply m answers must carry.
+func (m *Material) Renewal() Renewal {
+	return Renewal{Proof: m.NextRegistrationProof, Account: m.AccountPublicKey, Epoch: m.ProcessEpoch}
+}
+
+// ErrorBody is the JSON body of a refusal.
+type ErrorBody struct {
+	Error WireError `json:"error"`
+}
+
+// WireError is a refusal on the wire: a code of DESIGN §5, a message, and details some
+// refusals carry (a run conflict carries the current run fence).
+type WireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details any    `json:"details,omitempty"`
+}

@@ -1,0 +1,105 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Call is one request as any transport hands it to the guard: the endpoint, the principal the
+// transport vouches for (on the bus, the subject's last two tokens, which the broker
+// forge-locks), the body, and the deadline of all its work, retries and records included.
+type Call struct {
+	Endpoint string
+	Owner    string
+	Actor    string
+	Body     []byte
+	Deadline time.Time
+}
+
+// Principal is the caller's `<owner>.<actor>`.
+func (c Call) Principal() string { return subjects.Principal(c.Owner, c.Actor) }
+
+// About is what every record of the call starts from: its endpoint and its caller.
+func (c Call) About() audit.Request {
+	return audit.Request{Endpoint: c.Endpoint, Caller: c.Principal()}
+}
+
+// Func serves one call that passed the guard. It returns the reply to send (as JSON) or a
+// refusal (a *fault.Error; anything else is answered `internal`), and, whichever it returns,
+// what the call was about as far as it parsed (c.About() plus only what passed its grammar),
+// for the refusal's record.
+type Func func(ctx context.Context, c Call) (reply any, about audit.Request, err error)
+
+// Unimplemented is the Func of an endpoint whose capability has not landed: it refuses every
+// call with `unimplemented`, never a fake success.
+func Unimplemented(endpoint string) Func {
+	return func(_ context.Context, c Call) (any, audit.Request, error) {
+		return nil, c.About(), fault.New(fault.Unimplemented, "%s is not implemented by this plane yet", endpoint)
+	}
+}
+
+// Refusals records refused calls.
+type Refusals interface {
+	Refused(ctx context.Context, req audit.Request, refusal *fault.Error)
+}
+
+// Guard is what every call passes, whatever carried it (the bus, the HTTP face, the auth
+// callout): a valid principal, the per-principal rate limit, the deadline, the plane's own
+// fence, and the refusal record. Decisions are recorded in two places only: the guard records
+// `refused`; the issuance pipeline records `minted` and `discarded`.
+type Guard struct {
+	Limiter *Limiter
+	Audit   Refusals
+	// Fenced reports that the plane has been fenced by a newer registration: it answers
+	// `unavailable` from then on, in flight too.
+	Fenced func() bool
+}
+
+// ErrThrottled is the cause of a refusal by the rate limit: counted by the transport, not
+// recorded.
+var ErrThrottled = errors.New("throttled")
+
+// errFenced answers every call once the plane is fenced.
+var errFenced = fault.New(fault.Unavailable, "this authority plane is momentarily unavailable (fenced by a newer instance); retry shortly")
+
+// Serve runs fn for c if c passes every check, and returns the reply or the refusal. In
+// order: c names a valid principal (bad-request otherwise); the principal is within its rate
+// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced
+// (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
+// refusal record still fits in it. Every refusal past the rate limit is recorded, and one
+// made while the plane was being fenced is answered `unavailable`.
+func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
+	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
+		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
+	}
+	if !g.Limiter.Allow(c.Principal()) {
+		return nil, fault.Wrap(fault.ResourceExhausted, ErrThrottled, "too many requests from %s; slow down", c.Principal())
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), c.Deadline)
+	defer cancel()
+	about := c.About()
+	var reply any
+	var err error = errFenced
+	if !g.Fenced() {
+		work, stop := audit.Reserve(ctx)
+		reply, about, err = fn(work, c)
+		stop()
+	}
+	if err == nil {
+		return reply, nil
+	}
+	refusal := fault.As(err)
+	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
+		g.Audit.Refused(ctx, about, refusal)
+	}
+	if g.Fenced() {
+		refusal = errFenced // in flight when the fence came: answered unavailable
+	}
+	return nil, refusal
+}

@@ -1,0 +1,86 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/service"
+)
+
+// standalone is a nats-server the plane does not run, configured from the space material the
+// way `authplane init` configures one.
+type standalone struct {
+	srv      *server.Server
+	material *space.Keys
+	spaceDir string
+	conf     string
+}
+
+// URL is the server's client URL.
+func (s *standalone) URL() string { return s.srv.ClientURL() }
+
+// startStandalone creates space material for spaceName, writes its nats-server.conf with
+// Material.ServerConf (what `authplane init` writes) listening on 127.0.0.1:-1, and runs a real
+// nats-server from that file. It doubles as the check that init's config is accepted.
+func startStandalone(t testing.TB, spaceName string) *standalone {
+	t.Helper()
+	root := t.TempDir()
+	spaceDir := filepath.Join(root, "space")
+	m, err := space.Create(spaceDir, spaceName)
+	if err != nil {
+		t.Fatalf("create space material: %v", err)
+	}
+	conf := filepath.Join(spaceDir, "nats-server.conf")
+	if err := os.WriteFile(conf, []byte(m.ServerConf(filepath.Join(root, "nats"), "127.0.0.1:-1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &standalone{material: m, spaceDir: spaceDir, conf: conf}
+	s.srv = runServerConf(t, conf)
+	return s
+}
+
+// runServerConf runs a nats-server from the configuration file conf, the way `nats-server -c`
+// would, and shuts it down when the test ends.
+func runServerConf(t testing.TB, conf string) *server.Server {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server refuses %s: %v", conf, err)
+	}
+	if opts.Host != "127.0.0.1" || opts.Port != server.RANDOM_PORT {
+		t.Fatalf("got listen %s:%d from %s, want 127.0.0.1:-1", opts.Host, opts.Port, conf)
+	}
+	opts.NoSigs = true
+	opts.NoLog = !testLogging()
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("nats-server from %s: %v", conf, err)
+	}
+	if testLogging() {
+		srv.ConfigureLogger()
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		t.Fatalf("nats-server from %s did not become ready", conf)
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv
+}
+
+// againstStandalone points a plane's configuration at s: no embedded broker, s's material.
+func againstStandalone(s *standalone) func(*service.Config) {
+	return func(c *service.Config) {
+		c.NATSURL = s.URL()
+		c.SpaceDir = s.spaceDir
+		c.Space = s.material.Space
+	}
+}

@@ -1,0 +1,191 @@
+// Package audit writes the plane's decisions: every mint, refusal and discard past the reply
+// check and the rate limit is one structured log line and one record (`minted` records in the
+// minted stream, the rest in the audit stream). Records name keys by their public part only;
+// no seed, JWT, proof or bearer ever reaches them.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Appender appends one record to a record stream and waits for its ack; a non-empty msgID
+// makes a repeat of the same append idempotent.
+type Appender interface {
+	Append(ctx context.Context, subject string, data []byte, msgID string) error
+}
+
+// Writer writes decisions.
+type Writer struct {
+	space string
+	out   Appender
+	log   *slog.Logger
+	now   func() time.Time
+}
+
+// New returns a writer for space.
+func New(space string, out Appender, log *slog.Logger, now func() time.Time) *Writer {
+	return &Writer{space: space, out: out, log: log, now: now}
+}
+
+// Request identifies the request a decision is about. Only what passed its grammar is set: a
+// refused body's fields may be anything a caller chose.
+type Request struct {
+	Endpoint   string `json:"endpoint"`
+	Caller     string `json:"caller"`
+	Kind       string `json:"kind,omitempty"`
+	Operation  string `json:"operation,omitempty"`
+	InstanceID string `json:"instanceId,omitempty"`
+	RequestID  string `json:"requestId,omitempty"`
+	RunID      string `json:"runId,omitempty"`
+}
+
+func (r Request) attrs() []any {
+	a := []any{"endpoint", r.Endpoint, "caller", r.Caller}
+	for _, kv := range [][2]string{{"kind", r.Kind}, {"operation", r.Operation}, {"instance", r.InstanceID}, {"request_id", r.RequestID}, {"run_id", r.RunID}} {
+		if kv[1] != "" {
+			a = append(a, kv[0], kv[1])
+		}
+	}
+	return a
+}
+
+// Credential names one signed credential by its public key.
+type Credential struct {
+	Duty string `json:"duty"`
+	NKey string `json:"nkey"`
+	Exp  int64  `json:"exp"` // seconds
+}
+
+// Minted is the record of one nkey's latest mint, on `cotal.<space>.minted.<iid>.<nkey>`: the
+// source a supervisor end revokes from.
+type Minted struct {
+	V int `json:"v"`
+	Request
+	Credential
+	At int64 `json:"at"` // milliseconds
+}
+
+// Decision is an audit record.
+type Decision struct {
+	V        int    `json:"v"`
+	Decision string `json:"decision"`
+	Request
+	Code        string       `json:"code,omitempty"`
+	Message     string       `json:"message,omitempty"`
+	Credentials []Credential `json:"credentials,omitempty"`
+	At          int64        `json:"at"` // milliseconds
+}
+
+// Decision names.
+const (
+	Refused   = "refused"
+	Discarded = "discarded"
+	Assigned  = "assigned"
+	Ended     = "ended"
+)
+
+// Minted writes one `minted` record per credential, before the mint commits. A write of
+// unknown outcome is retried until ctx ends, each record under the message id mintID.<nkey>, so
+// a retry that meets a write that did land adds no second record. An error means the mint must
+// not commit.
+func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mintID string) error {
+	at := w.now().UnixMilli()
+	for _, c := range creds {
+		data, err := json.Marshal(Minted{V: 1, Request: req, Credential: c, At: at})
+		if err != nil {
+			return err
+		}
+		subject := subjects.MintedSubject(w.space, req.InstanceID, c.NKey)
+		if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
+			w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
+			return fmt.Errorf("record minted %s: %w", c.NKey, err)
+		}
+	}
+	return nil
+}
+
+// append writes one record, again after a write of unknown outcome, until ctx ends.
+func (w *Writer) append(ctx context.Context, subject string, data []byte, msgID string) error {
+	for attempt := 0; ; attempt++ {
+		err := w.out.Append(ctx, subject, data, msgID)
+		if err == nil || msgID == "" || !errors.Is(err, store.ErrUnknownOutcome) {
+			return err
+		}
+		if perr := store.Pause(ctx, attempt); perr != nil {
+			return fmt.Errorf("%w (gave up: %w)", err, perr)
+		}
+	}
+}
+
+// LogMinted writes the log line of a committed mint.
+func (w *Writer) LogMinted(req Request, creds []Credential) {
+	w.log.Info("minted", append(req.attrs(), credentialAttrs(creds)...)...)
+}
+
+// Discarded records a signed mint that did not commit: nothing was sent.
+func (w *Writer) Discarded(ctx context.Context, req Request, creds []Credential, refusal *fault.Error) {
+	w.record(ctx, Decision{Decision: Discarded, Request: req, Code: string(refusal.Code), Message: refusal.Message, Credentials: creds}, refusal.Cause)
+}
+
+// Refused records a request refused before anything was signed.
+func (w *Writer) Refused(ctx context.Context, req Request, refusal *fault.Error) {
+	w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
+}
+
+// record writes an audit decision and its log line. A failed write is logged; the decision
+// itself stands.
+func (w *Writer) record(ctx context.Context, d Decision, cause error) {
+	d.V, d.At = 1, w.now().UnixMilli()
+	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
+	attrs = append(attrs, credentialAttrs(d.Credentials)...)
+	level := slog.LevelInfo
+	switch {
+	case d.Code == string(fault.Internal):
+		level = slog.LevelError
+	case d.Decision == Discarded:
+		level = slog.LevelWarn
+	}
+	if cause != nil {
+		attrs = append(attrs, "err", cause)
+	}
+	w.log.Log(ctx, level, d.Decision, attrs...)
+	data, err := json.Marshal(d)
+	if err == nil {
+		owner, actor, ok := subjects.SplitPrincipal(d.Caller)
+		if !ok {
+			owner, actor = "_", "_"
+		}
+		err = w.out.Append(ctx, subjects.AuditSubject(w.space, d.Decision, owner, actor), data, "")
+	}
+	if err != nil {
+		w.log.Error("audit record not written", append(d.Request.attrs(), "decision", d.Decision, "err", err)...)
+	}
+}
+
+func credentialAttrs(creds []Credential) []any {
+	attrs := make([]any, 0, len(creds))
+	for _, c := range creds {
+		attrs = append(attrs, slog.Group(c.Duty, "nkey", c.NKey, "exp", c.Exp))
+	}
+	return attrs
+}
+
+// Reserve returns a context for a request's work that ends a tenth of ctx's remaining time
+// before ctx does, so the records that follow the work (a discard, a refusal) are still
+// written within the request's deadline.
+func Reserve(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
+}

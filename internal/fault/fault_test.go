@@ -1,0 +1,54 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/store"
+)
+
+func TestEveryCodeHasOneNumberAndOneStatus(t *testing.T) {
+	want := map[Code][2]int{
+		BadRequest: {400, 400}, Unauthenticated: {401, 401}, PermissionDenied: {403, 403}, NotFound: {404, 404},
+		Conflict: {409, 409}, AlreadyExists: {409, 409}, Expired: {410, 410}, FailedPrecondition: {412, 412},
+		ResourceExhausted: {429, 429}, Internal: {500, 500}, Unimplemented: {501, 501}, Unavailable: {503, 503},
+	}
+	for code, w := range want {
+		if !code.Known() || code.Numeric() != w[0] || code.HTTPStatus() != w[1] {
+			t.Errorf("%s: got known %v numeric %d status %d, want %d %d", code, code.Known(), code.Numeric(), code.HTTPStatus(), w[0], w[1])
+		}
+	}
+	if len(wire) != len(want) {
+		t.Errorf("the table has %d codes, want %d", len(wire), len(want))
+	}
+	if Code("made-up").Known() || Code("made-up").Numeric() != 500 || Code("made-up").HTTPStatus() != 500 {
+		t.Error("a code outside the table must answer as internal")
+	}
+}
+
+func TestStoreChoosesTheCodeFromTheStorageError(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want Code
+	}{
+		{fmt.Errorf("commit k: %w", fence.ErrMoved), Conflict},
+		{fmt.Errorf("read k: %w", fence.ErrGone), FailedPrecondition},
+		{fmt.Errorf("append: %w", store.ErrFull), ResourceExhausted},
+		{fmt.Errorf("%w: k", fence.ErrMalformed), Internal},
+		{fmt.Errorf("write k: %w", fence.ErrUnknownOutcome), Unavailable},
+		{fmt.Errorf("write k: %w", context.DeadlineExceeded), Unavailable},
+		{errors.New("nats: connection closed"), Unavailable},
+		{New(PermissionDenied, "not yours"), PermissionDenied},
+	} {
+		got := Store(c.err, "committing on %s", "k")
+		if got.Code != c.want {
+			t.Errorf("%v: got %s (%s), want %s", c.err, got.Code, got.Message, c.want)
+		}
+		if c.want != PermissionDenied && !errors.Is(got, c.err) {
+			t.Errorf("%v: the cause is not kept", c.err)
+		}
+	}
+}

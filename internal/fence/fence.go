@@ -1,0 +1,203 @@
+// Package fence is the one fence primitive (DESIGN §2, §6.6): a typed row under one KV key,
+// observed with a leader read and changed only by a compare-and-set at the revision observed.
+// Its one retry loop is bounded by the caller's deadline and paced with jitter; it speaks its
+// own errors, and the edge chooses the wire code.
+package fence
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/cotal-ai/authplane/internal/store"
+)
+
+// Errors of the fence. Test them with errors.Is.
+var (
+	// ErrMoved: the row changed since it was observed (a fence writer got there first). Decide
+	// again from a new observation.
+	ErrMoved = errors.New("fence moved")
+	// ErrGone: the key holds a delete or purge marker, which no writer of the plane leaves. It
+	// is final: nothing reads past it and nothing writes over it.
+	ErrGone = errors.New("fence holds a delete marker")
+	// ErrUnknownOutcome: the deadline came while a write's outcome was still unknown (a
+	// timeout, a leader change) and no read settled it.
+	ErrUnknownOutcome = errors.New("fence write outcome unknown")
+	// ErrMalformed: the stored row does not parse.
+	ErrMalformed = errors.New("fence row malformed")
+)
+
+// KV is the part of a bucket a fence needs: store.KV, or storetest.KV in unit tests.
+type KV interface {
+	Get(ctx context.Context, key string) (store.Entry, error)
+	Create(ctx context.Context, key string, value []byte) (uint64, error)
+	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+}
+
+// Fence is a row of type T under one key of a bucket; parse decodes and checks a stored row.
+type Fence[T any] struct {
+	kv    KV
+	key   string
+	parse func([]byte) (T, error)
+}
+
+// New returns the fence at key of kv.
+func New[T any](kv KV, key string, parse func([]byte) (T, error)) *Fence[T] {
+	return &Fence[T]{kv: kv, key: key, parse: parse}
+}
+
+// Key is the fence's KV key.
+func (f *Fence[T]) Key() string { return f.key }
+
+// Observed is a fence as read: its row, the exact bytes read and their revision. Revision 0
+// means the key was never written.
+type Observed[T any] struct {
+	Row      T
+	Raw      []byte
+	Revision uint64
+	fence    *Fence[T]
+}
+
+// Absent reports whether the key had never been written when it was observed.
+func (o *Observed[T]) Absent() bool { return o.Revision == 0 }
+
+// Key is the observed fence's KV key.
+func (o *Observed[T]) Key() string { return o.fence.key }
+
+// Observe reads the fence from the stream leader. A read that fails transiently is retried
+// until ctx ends; a delete marker is ErrGone; a row that does not parse is ErrMalformed.
+func (f *Fence[T]) Observe(ctx context.Context) (*Observed[T], error) {
+	for attempt := 0; ; attempt++ {
+		o, err := f.read(ctx)
+		if !errors.Is(err, store.ErrUnknownOutcome) {
+			return o, err
+		}
+		if perr := store.Pause(ctx, attempt); perr != nil {
+			return nil, fmt.Errorf("read %s: %w (gave up: %w)", f.key, err, perr)
+		}
+	}
+}
+
+// read is one leader read.
+func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
+	e, err := f.kv.Get(ctx, f.key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return &Observed[T]{fence: f}, nil
+	case errors.Is(err, store.ErrDeleted):
+		return nil, fmt.Errorf("%s: %w", f.key, ErrGone)
+	case err != nil:
+		return nil, err
+	}
+	row, err := f.parse(e.Value)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrMalformed, f.key, err)
+	}
+	return &Observed[T]{Row: row, Raw: e.Value, Revision: e.Revision, fence: f}, nil
+}
+
+// Commit rewrites the row exactly as observed, pinned to the revision observed: the commit
+// fence of a mint made on this observation. A CAS lost to a rewrite of the same bytes (another
+// mint's commit) is retried at the new revision; any change of content means a fence writer got
+// there first: ErrMoved. Fence writers give every write fresh bytes (a nonce), so a row never
+// returns to bytes it once had, and unchanged bytes prove no fence write landed in between.
+func (o *Observed[T]) Commit(ctx context.Context) error {
+	if o.Absent() {
+		return fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
+	}
+	_, err := o.put(ctx, o.Raw)
+	return err
+}
+
+// Write replaces the row observed with next, pinned to the revision observed (create-only
+// when the key was absent). A CAS lost to a rewrite of the same bytes as observed is retried
+// at the new revision; a write of unknown outcome is settled by reading back: it landed if the
+// row now holds exactly the bytes written (so next must differ from every earlier row: give it
+// a fresh nonce). Any other change since the observation is ErrMoved.
+func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
+	data, err := json.Marshal(next)
+	if err != nil {
+		return nil, fmt.Errorf("write %s: %w", o.Key(), err)
+	}
+	return o.put(ctx, data)
+}
+
+// put is the one CAS loop: write data at the observed revision until it lands, the row
+// changes, or ctx ends.
+func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error) {
+	f := o.fence
+	rev := o.Revision
+	var last error
+	for attempt := 0; ; attempt++ {
+		var n uint64
+		var err error
+		if rev == 0 {
+			n, err = f.kv.Create(ctx, f.key, data)
+		} else {
+			n, err = f.kv.Update(ctx, f.key, data, rev)
+		}
+		switch {
+		case err == nil:
+			return f.landed(data, n)
+		case errors.Is(err, store.ErrDeleted):
+			return nil, fmt.Errorf("write %s: %w", f.key, ErrGone)
+		case !errors.Is(err, store.ErrCASLost) && !errors.Is(err, store.ErrUnknownOutcome):
+			return nil, fmt.Errorf("write %s: %w", f.key, err)
+		}
+		last = err
+		now, rerr := f.read(ctx)
+		switch {
+		case errors.Is(rerr, store.ErrUnknownOutcome):
+			// Unknown; read again after the pause.
+		case rerr != nil:
+			return nil, fmt.Errorf("write %s: %w", f.key, rerr)
+		case !now.Absent() && !bytes.Equal(data, o.Raw) && bytes.Equal(now.Raw, data):
+			return now, nil // our write of unknown outcome landed
+		case now.Absent() != o.Absent() || !bytes.Equal(now.Raw, o.Raw):
+			return nil, fmt.Errorf("write %s: %w", f.key, ErrMoved)
+		default:
+			rev = now.Revision // unchanged: another mint's commit, or nothing landed
+		}
+		if perr := store.Pause(ctx, attempt); perr != nil {
+			if errors.Is(last, store.ErrUnknownOutcome) {
+				return nil, fmt.Errorf("write %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, last, perr)
+			}
+			return nil, fmt.Errorf("write %s: %w (gave up: %w)", f.key, last, perr)
+		}
+	}
+}
+
+// landed returns the observation of data written at revision n.
+func (f *Fence[T]) landed(data []byte, n uint64) (*Observed[T], error) {
+	row, err := f.parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s as written: %w", ErrMalformed, f.key, err)
+	}
+	return &Observed[T]{Row: row, Raw: data, Revision: n, fence: f}, nil
+}
+
+// Update observes the fence and writes decide's row for what it saw, again from a fresh
+// observation each time the fence moves first, until a write lands or ctx ends. decide may
+// refuse (its error is returned as is); it sees Absent() for a key never written. ErrGone and
+// ErrMalformed are final.
+func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
+	for attempt := 0; ; attempt++ {
+		o, err := f.Observe(ctx)
+		if err != nil {
+			return nil, err
+		}
+		next, err := decide(o)
+		if err != nil {
+			return nil, err
+		}
+		n, err := o.Write(ctx, next)
+		if !errors.Is(err, ErrMoved) {
+			return n, err
+		}
+		if perr := store.Pause(ctx, attempt); perr != nil {
+			return nil, fmt.Errorf("%w (gave up: %w)", err, perr)
+		}
+	}
+}

@@ -1,0 +1,196 @@
+// Package issue is the one issuance pipeline (DESIGN §2, §6.2, §8). Every credential the plane
+// mints goes through Pipeline.Issue with a Plan: sign → validate → record `minted` → hook →
+// commit each fence in order → credentials; or, if anything after signing fails, `discarded`
+// and nothing. A credential is valid only if every commit of its plan landed, and every fence
+// writer changes the row it writes, so no credential commits after a fence that forbids it.
+// Manager authority, runs, the supervisor and the HTTP doors only build plans and shape replies.
+package issue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Grant is one credential a plan asks for.
+type Grant struct {
+	Duty subjects.Duty
+	// Key is the holder's public nkey; the plane never sees its seed.
+	Key string
+	// Principal is the holder's `<owner>.<actor>`, the JWT's name.
+	Principal string
+	// TTL is the credential's lifetime, before the ceiling clamps it.
+	TTL         time.Duration
+	Permissions subjects.Permissions
+}
+
+// Ceiling bounds a plan: every `exp` is clamped to At, and the plan is refused once At has
+// passed. The zero Ceiling bounds nothing.
+type Ceiling struct {
+	At time.Time
+	// What names what ends at At, for the refusal: "the platform supervisor assignment …".
+	What string
+}
+
+// Step is one fence a mint commits on. Steps commit in plan order, each only after the one
+// before it landed.
+type Step struct {
+	// Fence names the fence (its key), for refusals and logs.
+	Fence  string
+	Commit func(ctx context.Context) error
+}
+
+// Unchanged is the step that commits on fence o exactly as it was observed before signing.
+func Unchanged[T any](o *fence.Observed[T]) Step {
+	return Step{Fence: o.Key(), Commit: o.Commit}
+}
+
+// Replaced is the step that commits on fence o by writing next over the row observed before
+// signing (a registration that is itself the mint's commit).
+func Replaced[T any](o *fence.Observed[T], next T) Step {
+	return Step{Fence: o.Key(), Commit: func(ctx context.Context) error {
+		_, err := o.Write(ctx, next)
+		return err
+	}}
+}
+
+// Plan is one mint.
+type Plan struct {
+	// Request identifies who asked for what, for the records.
+	Request audit.Request
+	Grants  []Grant
+	Ceiling Ceiling
+	Steps   []Step
+	// Hook, when set, runs after the credentials are signed and recorded `minted` and before
+	// the first commit (the supervisor stages its generations here). An error discards the
+	// mint; a *fault.Error is answered as it is.
+	Hook func(ctx context.Context, creds []Credential) error
+}
+
+// Credential is one signed credential.
+type Credential struct {
+	Duty subjects.Duty
+	Key  string
+	JWT  string
+	// Exp is the JWT's expiry, in seconds.
+	Exp int64
+}
+
+// String names the credential by duty, public key and expiry, so that printing one never
+// prints its token.
+func (c Credential) String() string { return fmt.Sprintf("%s %s exp %d", c.Duty, c.Key, c.Exp) }
+
+// Issued is what a plan produced once every commit landed.
+type Issued struct {
+	At          time.Time
+	Credentials []Credential
+}
+
+// Earliest is the earliest expiry among the credentials, in seconds.
+func (is *Issued) Earliest() int64 {
+	var e int64
+	for _, c := range is.Credentials {
+		if e == 0 || c.Exp < e {
+			e = c.Exp
+		}
+	}
+	return e
+}
+
+// ErrDiscarded is in the chain of every refusal of a mint that signed and then did not commit:
+// the pipeline has recorded it `discarded`, so whoever answers must not record it again.
+var ErrDiscarded = errors.New("mint discarded")
+
+// Recorder writes the pipeline's two decisions: `minted` before any commit, `discarded` when a
+// signed mint does not commit.
+type Recorder interface {
+	Minted(ctx context.Context, req audit.Request, creds []audit.Credential, mintID string) error
+	LogMinted(req audit.Request, creds []audit.Credential)
+	Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error)
+}
+
+// Pipeline mints for one account.
+type Pipeline struct {
+	Issuer *mint.Issuer
+	Audit  Recorder
+	Now    func() time.Time
+	// Fenced reports that this plane was fenced by a newer registration of its own instance; a
+	// mint checks it last before committing and is discarded if it says so. Nil: never.
+	Fenced func() bool
+	// BeforeCommit, when set, runs after the hook and before the first commit: a test seam for
+	// races against the commit fence.
+	BeforeCommit func()
+}
+
+// Issue runs plan. It returns the signed credentials only if every fence step committed;
+// otherwise a refusal, with the mint recorded `discarded` if anything had been signed. Every
+// write stays within ctx's deadline: the work ends a little before it, so the discard record
+// still has time.
+func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
+	now := p.Now()
+	ceiling := plan.Ceiling.At
+	if !ceiling.IsZero() && !ceiling.After(now) {
+		return nil, fault.New(fault.PermissionDenied, "%s ended at %s; it issues nothing",
+			plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
+	}
+	work, cancel := audit.Reserve(ctx)
+	defer cancel()
+
+	out := &Issued{At: now, Credentials: make([]Credential, 0, len(plan.Grants))}
+	recorded := make([]audit.Credential, 0, len(plan.Grants))
+	for _, g := range plan.Grants {
+		exp := now.Add(g.TTL)
+		if !ceiling.IsZero() && ceiling.Before(exp) {
+			exp = ceiling
+		}
+		exp = time.Unix(exp.Unix(), 0)
+		if exp.Unix() <= now.Unix() {
+			return nil, fault.New(fault.PermissionDenied, "%s ends at %s, within the second; it issues nothing",
+				plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
+		}
+		token, err := p.Issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp})
+		if err != nil {
+			return nil, fault.Wrap(fault.Internal, err, "signing the %s credential failed", g.Duty)
+		}
+		out.Credentials = append(out.Credentials, Credential{Duty: g.Duty, Key: g.Key, JWT: token, Exp: exp.Unix()})
+		recorded = append(recorded, audit.Credential{Duty: string(g.Duty), NKey: g.Key, Exp: exp.Unix()})
+	}
+
+	discard := func(refusal *fault.Error) (*Issued, error) {
+		p.Audit.Discarded(ctx, plan.Request, recorded, refusal)
+		out := *refusal
+		out.Cause = errors.Join(ErrDiscarded, refusal.Cause)
+		return nil, &out
+	}
+	// Every nkey is on record before its commit, so an end can revoke all of them. If the
+	// records cannot be written, nothing commits.
+	if err := p.Audit.Minted(work, plan.Request, recorded, ids.Secret(12)); err != nil {
+		return discard(fault.Store(err, "recording the mint"))
+	}
+	if plan.Hook != nil {
+		if err := plan.Hook(work, out.Credentials); err != nil {
+			return discard(fault.Store(err, "staging the mint"))
+		}
+	}
+	if p.BeforeCommit != nil {
+		p.BeforeCommit()
+	}
+	if p.Fenced != nil && p.Fenced() {
+		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance before the mint committed; retry shortly"))
+	}
+	for _, s := range plan.Steps {
+		if err := s.Commit(work); err != nil {
+			return discard(fault.Store(err, "committing the mint on %s", s.Fence))
+		}
+	}
+	p.Audit.LogMinted(plan.Request, recorded)
+	return out, nil
+}
