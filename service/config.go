@@ -35,7 +35,8 @@ type Config struct {
 
 	// Replicas of every bucket and stream.
 	Replicas int
-	// Workers is how many copies of each endpoint serve in parallel.
+	// Workers is how many micro service instances, each with the five endpoints, serve in
+	// parallel (micro runs one request at a time per endpoint of an instance).
 	Workers int
 	// Rate and Burst are the per-principal token bucket (Rate <= 0 disables it).
 	Rate  float64

@@ -5,27 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/httpface"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/issue"
-	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -235,158 +226,6 @@ func (p *Plane) startBroker() error {
 	return nil
 }
 
-// connect opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account, renewed by reconnecting at two thirds of its life. Close drains it.
-func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
-	ttl := p.cfg.PlaneUserTTL
-	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, ttl)
-	if err != nil {
-		return nil, err
-	}
-	log := p.log.With("conn", role)
-	nc, err := nats.Connect(p.info.NATSURL, auth,
-		nats.Name("authplane "+role+" "+p.identity.InstanceID),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("disconnected from NATS", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Debug("reconnected to NATS") }),
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			subj := ""
-			if sub != nil {
-				subj = sub.Subject
-			}
-			log.Warn("NATS async error", "subject", subj, "err", err)
-		}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
-	}
-	p.onClose("drain the "+role+" connection", func() error { return drain(nc, 5*time.Second) })
-	stop := make(chan struct{})
-	p.bg.Go(func() {
-		t := time.NewTicker(ttl * 2 / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-					log.Warn("renewing the plane's user failed", "err", err)
-				}
-			}
-		}
-	})
-	p.onClose("stop renewing the "+role+" user", func() error { close(stop); return nil })
-	return nc, nil
-}
-
-// serveBus registers the micro service instances on the serving connection: the guard, the
-// issuance pipeline and every endpoint's handler.
-func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
-	cfg := p.cfg
-	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load}
-	if cfg.Hooks != nil {
-		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
-	}
-	proofKey, err := manager.ProofKey(p.keys.Data.Signer)
-	if err != nil {
-		return err
-	}
-	engine := &manager.Engine{
-		Space:       cfg.Space,
-		Account:     p.keys.Data.Public(),
-		Gates:       p.stores.Auth,
-		Ledger:      p.stores.Actors,
-		Pipeline:    pipeline,
-		ProofKey:    proofKey,
-		StandingTTL: cfg.StandingTTL,
-	}
-	bus := &handlers.Bus{
-		Space:   cfg.Space,
-		Timeout: cfg.RequestTimeout,
-		Guard:   &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load},
-		Log:     p.log,
-	}
-	svcs, err := bus.Register(nc, micro.Config{
-		Name:        subjects.ServiceName,
-		Version:     Version,
-		Description: "Cotal authority plane: mints NATS credentials after re-reading their fences",
-		QueueGroup:  subjects.QueueGroup,
-		Metadata: map[string]string{
-			"space":    cfg.Space,
-			"issuer":   subjects.Issuer(cfg.Space),
-			"instance": p.identity.InstanceID,
-			"epoch":    strconv.FormatUint(p.gate.Row.ProcessEpoch, 10),
-			"protocol": subjects.Protocol,
-		},
-	}, map[string]handlers.Func{
-		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
-		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
-		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
-		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
-		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
-	}, cfg.Workers)
-	p.svcs = svcs
-	p.onClose("stop the micro services", p.stopServices)
-	return err
-}
-
-// stopServices stops every micro service instance: in-flight requests finish, no more arrive.
-func (p *Plane) stopServices() error {
-	var errs []error
-	for _, svc := range p.svcs {
-		if err := svc.Stop(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// watchFence watches the plane's own gate from here on: the watch's first value is the gate as
-// it is now, so an epoch that moved since the registration fences at once.
-func (p *Plane) watchFence() {
-	ctx, stop := context.WithCancel(context.Background())
-	p.bg.Go(func() {
-		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
-			p.fence(err)
-		}
-	})
-	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
-}
-
-func (p *Plane) serveHTTP() error {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.cfg.HTTPPort)))
-	if err != nil {
-		return fmt.Errorf("--http-port %d: %w (pick another port, or 0 for a free one)", p.cfg.HTTPPort, err)
-	}
-	p.info.HTTPURL = "http://" + l.Addr().String()
-	srv := &http.Server{
-		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space)),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-	}
-	p.bg.Go(func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			p.finish(fmt.Errorf("http face: %w", err))
-		}
-	})
-	p.onClose("shut the HTTP face down", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(ctx)
-	})
-	return nil
-}
-
 // fence stops serving at once: a newer registration of this instance owns it now.
 func (p *Plane) fence(cause error) {
 	if !errors.Is(cause, instance.ErrFenced) {
@@ -443,25 +282,4 @@ func (p *Plane) teardown() error {
 		p.closeErr = errors.Join(errs...)
 	})
 	return p.closeErr
-}
-
-// drain drains nc and waits until it has closed, or closes it after timeout.
-func drain(nc *nats.Conn, timeout time.Duration) error {
-	if nc.IsClosed() {
-		return nil
-	}
-	defer nc.Close()
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		if errors.Is(err, nats.ErrConnectionClosed) {
-			return nil
-		}
-		return err
-	}
-	select {
-	case <-closed:
-	case <-time.After(timeout):
-	}
-	return nil
 }

@@ -28,7 +28,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.NATSPort, "nats-port", cfg.NATSPort, "embedded NATS client port on 127.0.0.1 (0 = a free port)")
 	fs.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "loopback HTTP port (0 = a free port)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "copies of each endpoint serving in parallel")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "micro service instances serving in parallel, each with the five endpoints")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second per principal (0 = unlimited)")
 	fs.IntVar(&cfg.Burst, "burst", cfg.Burst, "burst of the per-principal rate limit")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "deadline of every request, retries included")

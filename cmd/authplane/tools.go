@@ -21,6 +21,11 @@ func locateFlags(fs *flag.FlagSet) *admin.Locate {
 	return l
 }
 
+// principalFlags adds --owner and --actor: the principal a command writes for.
+func principalFlags(fs *flag.FlagSet) (owner, actor *string) {
+	return fs.String("owner", "", "the principal's owner (u_… or p_…)"), fs.String("actor", "", "the principal's actor")
+}
+
 func initSpace(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -52,8 +57,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("creds", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	l := locateFlags(fs)
-	owner := fs.String("owner", "", "the principal's owner (u_… or p_…)")
-	actor := fs.String("actor", "", "the principal's actor")
+	owner, actor := principalFlags(fs)
 	ttl := fs.Duration("ttl", 24*time.Hour, "lifetime of the credential")
 	out := fs.String("out", "", "the .creds file to write (0600)")
 	if err := parse(fs, args); err != nil {
@@ -78,8 +82,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("grant", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	l := locateFlags(fs)
-	owner := fs.String("owner", "", "the principal's owner (u_… or p_…)")
-	actor := fs.String("actor", "", "the principal's actor")
+	owner, actor := principalFlags(fs)
 	scopeFlag := fs.String("scope", "\x00", "comma-separated scopes: supervise, admin, platform-admin ('' clears them)")
 	if err := parse(fs, args); err != nil {
 		return err

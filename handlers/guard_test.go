@@ -1,0 +1,225 @@
+package handlers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+// guardEnv is a guard recording into an in-memory audit stream.
+type guardEnv struct {
+	g       *Guard
+	records *storetest.Stream
+	fenced  atomic.Bool
+}
+
+func newGuardEnv(rate float64, burst int) *guardEnv {
+	e := &guardEnv{records: storetest.NewStream()}
+	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
+	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load}
+	return e
+}
+
+func call(actor, body string) Call {
+	return Call{Endpoint: subjects.EndpointManagerAuthority, Owner: owner, Actor: actor, Body: []byte(body), Deadline: time.Now().Add(2 * time.Second)}
+}
+
+// refused returns the `refused` records written.
+func (e *guardEnv) refused(t *testing.T) []audit.Decision {
+	t.Helper()
+	var out []audit.Decision
+	for _, m := range e.records.Msgs() {
+		if !strings.Contains(m.Subject, ".audit.refused.") {
+			continue
+		}
+		var d audit.Decision
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// counting is a Func that counts its calls and answers with reply or err.
+func counting(n *atomic.Int32, reply any, err error) Func {
+	return func(_ context.Context, c Call) (any, audit.Request, error) {
+		n.Add(1)
+		about := c.About()
+		about.Kind = "manager-service-authority"
+		return reply, about, err
+	}
+}
+
+func TestTheGuardRecordsARefusalWithWhatTheHandlerParsed(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	var n atomic.Int32
+	_, refusal := e.g.Serve(call("cli", "{}"), counting(&n, nil, fault.New(fault.PermissionDenied, "no scope")))
+	if refusal == nil || refusal.Code != fault.PermissionDenied || n.Load() != 1 {
+		t.Fatalf("got %v after %d calls, want permission-denied from the one call", refusal, n.Load())
+	}
+	got := e.refused(t)
+	if len(got) != 1 || got[0].Code != "permission-denied" || got[0].Kind != "manager-service-authority" ||
+		got[0].Caller != owner+".cli" || got[0].Endpoint != subjects.EndpointManagerAuthority {
+		t.Fatalf("got records %+v, want one refused naming the caller, endpoint and kind", got)
+	}
+}
+
+func TestTheGuardDoesNotRecordADiscardedMintAgain(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	var n atomic.Int32
+	discarded := &fault.Error{Code: fault.Conflict, Message: "moved", Cause: errors.Join(issue.ErrDiscarded, errors.New("cas"))}
+	if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, nil, discarded)); refusal == nil || refusal.Code != fault.Conflict {
+		t.Fatalf("got %v, want the conflict answered", refusal)
+	}
+	if got := e.refused(t); len(got) != 0 {
+		t.Fatalf("got refused records %+v, want none: the pipeline recorded it discarded", got)
+	}
+}
+
+func TestThrottledCallsAreRefusedUncalledAndUnrecorded(t *testing.T) {
+	e := newGuardEnv(0.001, 2)
+	var n atomic.Int32
+	for range 2 {
+		if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "ok", nil)); refusal != nil {
+			t.Fatalf("within the burst: got %v", refusal)
+		}
+	}
+	_, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "ok", nil))
+	if refusal == nil || refusal.Code != fault.ResourceExhausted || !errors.Is(refusal, ErrThrottled) {
+		t.Fatalf("past the burst: got %v, want resource-exhausted wrapping ErrThrottled", refusal)
+	}
+	if n.Load() != 2 || len(e.refused(t)) != 0 {
+		t.Fatalf("got %d calls and %d records, want the throttled call neither served nor recorded", n.Load(), len(e.refused(t)))
+	}
+	if _, refusal := e.g.Serve(call("other", "{}"), counting(&n, "ok", nil)); refusal != nil {
+		t.Fatalf("another principal: got %v, want its own budget", refusal)
+	}
+}
+
+func TestACallWithoutAValidPrincipalIsRefusedUncalled(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	var n atomic.Int32
+	for _, c := range []Call{call("a.b", "{}"), call("", "{}"), {Owner: "x_y", Actor: "cli", Deadline: time.Now().Add(time.Second)}} {
+		if _, refusal := e.g.Serve(c, counting(&n, "ok", nil)); refusal == nil || refusal.Code != fault.BadRequest {
+			t.Errorf("%+v: got %v, want bad-request", c, refusal)
+		}
+	}
+	if n.Load() != 0 {
+		t.Fatalf("the handler ran %d times, want never", n.Load())
+	}
+}
+
+func TestAFencedPlaneAnswersUnavailableBeforeAndDuringACall(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	var n atomic.Int32
+	e.fenced.Store(true)
+	if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "ok", nil)); refusal == nil || refusal.Code != fault.Unavailable || n.Load() != 0 {
+		t.Fatalf("fenced before: got %v after %d calls, want unavailable and no call", refusal, n.Load())
+	}
+	e.fenced.Store(false)
+	during := func(_ context.Context, c Call) (any, audit.Request, error) {
+		e.fenced.Store(true) // the fence lands while the call is served
+		return nil, c.About(), fault.New(fault.PermissionDenied, "no scope")
+	}
+	if _, refusal := e.g.Serve(call("cli", "{}"), during); refusal == nil || refusal.Code != fault.Unavailable {
+		t.Fatalf("fenced during: got %v, want unavailable", refusal)
+	}
+	if got := e.refused(t); len(got) != 2 || got[1].Code != "permission-denied" {
+		t.Fatalf("got %+v, want both refusals recorded, the second with the handler's own code", got)
+	}
+}
+
+func TestTheHandlersWorkEndsBeforeTheCallsDeadline(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	c := call("cli", "{}")
+	var left time.Duration
+	e.g.Serve(c, func(ctx context.Context, c Call) (any, audit.Request, error) {
+		d, _ := ctx.Deadline()
+		left = c.Deadline.Sub(d)
+		return "ok", c.About(), nil
+	})
+	if left <= 0 {
+		t.Fatalf("the handler's deadline is %s before the call's, want time kept back for the records", left)
+	}
+}
+
+// The manager-authority endpoint on the in-memory stores: a prepare through the guard mints,
+// and a refusal of a known kind is recorded with what parsed.
+func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	acct, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acctPub, err := acct.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := mint.NewIssuer(acctPub, acct, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actors := storetest.New()
+	if _, err := ledger.SetScope(context.Background(), actors, owner, "cli", []string{ledger.Supervise}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: storetest.New(), Ledger: actors,
+		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now},
+		ProofKey:    []byte(strings.Repeat("k", 32)),
+		StandingTTL: time.Hour}
+	fn := ManagerAuthority(engine)
+	m, _, err := client.NewManager()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := m.Identities
+	body, err := json.Marshal(client.ServiceAuthority{V: 1, Kind: client.KindServiceAuthority, Operation: client.OpPrepare,
+		Space: "default", Actor: "cli", InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID,
+		RequestID: strings.Repeat("r", 22), Identities: &ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, refusal := e.g.Serve(call("cli", string(body)), fn)
+	if refusal != nil {
+		t.Fatal(refusal)
+	}
+	if mat, ok := reply.(*client.Material); !ok || len(mat.Credentials) != 2 || mat.RegistrationProof == "" {
+		t.Fatalf("got %#v, want the supervisor and executor and a proof", reply)
+	}
+
+	// Another principal without scope: refused, recorded with the kind, operation and ids.
+	if _, refusal := e.g.Serve(call("nobody", strings.Replace(string(body), `"actor":"cli"`, `"actor":"nobody"`, 1)), fn); refusal == nil || refusal.Code != fault.PermissionDenied {
+		t.Fatalf("got %v, want permission-denied", refusal)
+	}
+	got := e.refused(t)
+	if len(got) != 1 || got[0].Operation != "prepare" || got[0].InstanceID != m.InstanceID || got[0].RequestID != strings.Repeat("r", 22) {
+		t.Fatalf("got %+v, want one refused record naming operation, instance and request", got)
+	}
+	// A kind nobody knows is named nowhere in the record.
+	if _, refusal := e.g.Serve(call("cli", `{"kind":"<script>"}`), fn); refusal == nil || refusal.Code != fault.BadRequest {
+		t.Fatalf("got %v, want bad-request", refusal)
+	}
+	if got := e.refused(t); len(got) != 2 || got[1].Kind != "" {
+		t.Fatalf("got %+v, want the unknown kind kept out of the record", got)
+	}
+}

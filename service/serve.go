@@ -1,0 +1,125 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/httpface"
+	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/subjects"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// serveBus registers the micro service instances on the serving connection: the guard, the
+// issuance pipeline and every endpoint's handler.
+func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
+	cfg := p.cfg
+	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load}
+	if cfg.Hooks != nil {
+		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
+	}
+	proofKey, err := manager.ProofKey(p.keys.Data.Signer)
+	if err != nil {
+		return err
+	}
+	engine := &manager.Engine{
+		Space:       cfg.Space,
+		Account:     p.keys.Data.Public(),
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Pipeline:    pipeline,
+		ProofKey:    proofKey,
+		StandingTTL: cfg.StandingTTL,
+	}
+	bus := &handlers.Bus{
+		Space:   cfg.Space,
+		Timeout: cfg.RequestTimeout,
+		Guard:   &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load},
+		Log:     p.log,
+	}
+	svcs, err := bus.Register(nc, micro.Config{
+		Name:        subjects.ServiceName,
+		Version:     Version,
+		Description: "Cotal authority plane: mints NATS credentials after re-reading their fences",
+		QueueGroup:  subjects.QueueGroup,
+		Metadata: map[string]string{
+			"space":    cfg.Space,
+			"issuer":   subjects.Issuer(cfg.Space),
+			"instance": p.identity.InstanceID,
+			"epoch":    strconv.FormatUint(p.gate.Row.ProcessEpoch, 10),
+			"protocol": subjects.Protocol,
+		},
+	}, map[string]handlers.Func{
+		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
+		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
+		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
+		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
+		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+	}, cfg.Workers)
+	p.svcs = svcs
+	p.onClose("stop the micro services", p.stopServices)
+	return err
+}
+
+// stopServices stops every micro service instance: in-flight requests finish, no more arrive.
+func (p *Plane) stopServices() error {
+	var errs []error
+	for _, svc := range p.svcs {
+		if err := svc.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// watchFence watches the plane's own gate from here on: the watch's first value is the gate as
+// it is now, so an epoch that moved since the registration fences at once.
+func (p *Plane) watchFence() {
+	ctx, stop := context.WithCancel(context.Background())
+	p.bg.Go(func() {
+		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
+			p.fence(err)
+		}
+	})
+	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
+}
+
+func (p *Plane) serveHTTP() error {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.cfg.HTTPPort)))
+	if err != nil {
+		return fmt.Errorf("--http-port %d: %w (pick another port, or 0 for a free one)", p.cfg.HTTPPort, err)
+	}
+	p.info.HTTPURL = "http://" + l.Addr().String()
+	srv := &http.Server{
+		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space)),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	p.bg.Go(func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			p.finish(fmt.Errorf("http face: %w", err))
+		}
+	})
+	p.onClose("shut the HTTP face down", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(ctx)
+	})
+	return nil
+}
