@@ -22,10 +22,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -148,22 +145,32 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if code != 0 {
 			t.Fatalf("authplane grant: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 		}
-		m, err := space.Load(info.SpaceDir)
+		m, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
 		if err != nil {
 			t.Fatal(err)
 		}
-		nc, _ := planeConn(t, m, info.NATSURL)
+		_, js := planeConn(t, m, info.NATSURL)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(testSpace))
+		kv, err := js.KeyValue(ctx, subjects.ActorsBucket(testSpace))
 		if err != nil {
 			t.Fatal(err)
 		}
-		row, found, err := ledger.Read(ctx, kv, ownerB, "ops")
-		if err != nil || !found {
-			t.Fatalf("ledger row %s: found %v, err %v; want the granted row", subjects.ActorKey(ownerB, "ops"), found, err)
+		e, err := kv.Get(ctx, subjects.ActorKey(ownerB, "ops"))
+		if err != nil {
+			t.Fatalf("ledger row %s: %v; want the granted row", subjects.ActorKey(ownerB, "ops"), err)
 		}
-		if want := []string{ledger.Admin, ledger.Supervise}; !slices.Equal(row.Scope, want) {
+		var row struct {
+			V         int      `json:"v"`
+			Owner     string   `json:"owner"`
+			Actor     string   `json:"actor"`
+			Scope     []string `json:"scope"`
+			GrantedAt int64    `json:"grantedAt"`
+		}
+		if err := json.Unmarshal(e.Value(), &row); err != nil {
+			t.Fatalf("ledger row %s: %v", e.Value(), err)
+		}
+		if want := []string{"admin", "supervise"}; !slices.Equal(row.Scope, want) {
 			t.Errorf("ledger row scope: got %v, want %v", row.Scope, want)
 		}
 		if row.V != 1 || row.Owner != ownerB || row.Actor != "ops" || row.GrantedAt == 0 {
@@ -257,7 +264,7 @@ func TestBinaryInitWritesAConfigThatNATSServerAcceptsAndAPlaneServesOn(t *testin
 		if err != nil {
 			return err
 		}
-		if d.Name() == instance.IdentityFile {
+		if d.Name() == "identity.json" {
 			t.Errorf("init wrote %s, want no instance identity", path)
 		}
 		fi, err := d.Info()

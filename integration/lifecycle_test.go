@@ -150,8 +150,8 @@ func TestSecondStartOnADirInUseFailsNamingTheHolderPid(t *testing.T) {
 	if !strings.Contains(err.Error(), want) {
 		t.Errorf("second Start: got error %q, want it to contain %q", err, want)
 	}
-	if !errors.Is(err, instance.ErrLocked) {
-		t.Errorf("second Start: got error %v, want errors.Is instance.ErrLocked", err)
+	if !errors.Is(err, service.ErrLocked) {
+		t.Errorf("second Start: got error %v, want errors.Is service.ErrLocked", err)
 	}
 
 	// The refused start left the running plane alone: its readiness file and HTTP face stay.
@@ -310,10 +310,10 @@ func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
 			p, err := tryStart(t, start)
 			if err == nil {
 				closePlane(t, p)
-				t.Fatalf("Start on a misconfigured %s: got a running plane, want store.ErrMisconfigured", tt.stream)
+				t.Fatalf("Start on a misconfigured %s: got a running plane, want service.ErrMisconfigured", tt.stream)
 			}
-			if !errors.Is(err, store.ErrMisconfigured) {
-				t.Errorf("Start: got error %v, want errors.Is store.ErrMisconfigured", err)
+			if !errors.Is(err, service.ErrMisconfigured) {
+				t.Errorf("Start: got error %v, want errors.Is service.ErrMisconfigured", err)
 			}
 			for _, want := range append([]string{tt.stream}, tt.fields...) {
 				if !strings.Contains(err.Error(), want) {

@@ -23,9 +23,15 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// ErrFenced is what Err and Close report when a newer registration of this instance fenced
-// the plane.
-var ErrFenced = instance.ErrFenced
+// Errors Start, Err and Close report. Test them with errors.Is.
+var (
+	// ErrFenced: a newer registration of this instance fenced the plane.
+	ErrFenced = instance.ErrFenced
+	// ErrLocked: another process holds the state directory.
+	ErrLocked = instance.ErrLocked
+	// ErrMisconfigured: a bucket or stream exists with a configuration its rule forbids.
+	ErrMisconfigured = store.ErrMisconfigured
+)
 
 // Info is what a started plane tells whoever started it: where it serves and what it is.
 type Info struct {

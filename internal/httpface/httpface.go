@@ -5,6 +5,8 @@ package httpface
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/cotal-ai/authplane/internal/fault"
 )
 
 // Loopback returns the handler of the loopback listener (always on, 127.0.0.1).
@@ -22,7 +24,7 @@ func Loopback(issuer string) http.Handler {
 			h, ok = routes[r.URL.Path]
 		}
 		if !ok || r.URL.RawQuery != "" || r.URL.ForceQuery {
-			writeError(w, http.StatusNotFound, "not-found", "unknown path - /health, /jwks, /exchange, /manager-service-authority")
+			writeError(w, fault.New(fault.NotFound, "unknown path - /health, /jwks, /exchange, /manager-service-authority"))
 			return
 		}
 		h(w, r)
@@ -32,7 +34,8 @@ func Loopback(issuer string) http.Handler {
 func health(issuer string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			writeError(w, http.StatusMethodNotAllowed, "bad-request", "GET only")
+			// The HTTP face's own method guard (DESIGN §7), not a refusal of the table.
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "GET only", "code": string(fault.BadRequest)})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "issuer": issuer})
@@ -40,11 +43,12 @@ func health(issuer string) http.HandlerFunc {
 }
 
 func unimplemented(w http.ResponseWriter, _ *http.Request) {
-	writeError(w, http.StatusNotImplemented, "unimplemented", "not implemented by this plane yet")
+	writeError(w, fault.New(fault.Unimplemented, "not implemented by this plane yet"))
 }
 
-func writeError(w http.ResponseWriter, status int, code, message string) {
-	writeJSON(w, status, map[string]string{"error": message, "code": code})
+// writeError answers with refusal e, its status from the one table.
+func writeError(w http.ResponseWriter, e *fault.Error) {
+	writeJSON(w, e.Code.HTTPStatus(), map[string]string{"error": e.Message, "code": string(e.Code)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
