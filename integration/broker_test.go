@@ -150,6 +150,7 @@ func TestRequestWhoseReplyIsNotTheCallersInboxIsDroppedUnansweredAndCounted(t *t
 		{"an inbox of its owner's other actor", subjects.InboxPrefix(ownerA, "cli") + ".x"},
 		{"an inbox whose actor extends its own", subjects.InboxPrefix(ownerA, actor) + "X.y"},
 		{"its inbox prefix with no token after it", subjects.InboxPrefix(ownerA, actor)},
+		{"its inbox with an empty token", subjects.InboxPrefix(ownerA, actor) + "..x"},
 		{"a key of the fences bucket", authKV},
 		{"the JetStream API", "$JS.API.STREAM.DELETE.KV_" + subjects.AuthBucket(testSpace)},
 		{"a plane subject", subjects.EndpointSubject(testSpace, subjects.EndpointSupervisorEnd, ownerB, "cli")},

@@ -47,8 +47,23 @@ func ValidTakeoverID(s string) bool { return takeoverIDRe.MatchString(s) }
 // ValidProof reports whether s has the shape of a registration proof.
 func ValidProof(s string) bool { return proofRe.MatchString(s) }
 
-// ValidUserNKey reports whether s is a public user nkey.
-func ValidUserNKey(s string) bool { return nkeys.IsValidPublicUserKey(s) }
+// ValidUserNKey reports whether s is a public user nkey in its one canonical spelling: 56
+// characters that decode and encode back to themselves. (The nkeys library accepts 57- and
+// 59-character spellings of one key; five spellings of one key must not pass for five keys.)
+func ValidUserNKey(s string) bool { return canonical(nkeys.PrefixByteUser, s) }
 
-// ValidAccountNKey reports whether s is a public account nkey.
-func ValidAccountNKey(s string) bool { return nkeys.IsValidPublicAccountKey(s) }
+// ValidAccountNKey reports whether s is a public account nkey in its canonical spelling.
+func ValidAccountNKey(s string) bool { return canonical(nkeys.PrefixByteAccount, s) }
+
+// canonical reports whether s decodes as a public key of prefix and encodes back to s.
+func canonical(prefix nkeys.PrefixByte, s string) bool {
+	if len(s) != 56 {
+		return false
+	}
+	raw, err := nkeys.Decode(prefix, []byte(s))
+	if err != nil {
+		return false
+	}
+	again, err := nkeys.Encode(prefix, raw)
+	return err == nil && string(again) == s
+}

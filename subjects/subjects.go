@@ -86,10 +86,18 @@ func SplitPrincipal(p string) (owner, actor string, ok bool) {
 func InboxPrefix(owner, actor string) string { return "_INBOX." + owner + "." + actor }
 
 // ReplyAllowed reports whether reply lies under the caller's own inbox prefix, the only place
-// the plane answers a request.
+// the plane answers a request: one or more tokens after it, none empty, no wildcard, no space.
 func ReplyAllowed(reply, owner, actor string) bool {
 	rest, ok := strings.CutPrefix(reply, InboxPrefix(owner, actor)+".")
-	return ok && rest != "" && !strings.ContainsAny(rest, "*> \t\r\n")
+	if !ok || strings.ContainsAny(rest, "*> \t\r\n") {
+		return false
+	}
+	for tok := range strings.SplitSeq(rest, ".") {
+		if tok == "" {
+			return false
+		}
+	}
+	return true
 }
 
 // Manager actors of one instance.

@@ -274,7 +274,7 @@ func Peek(data []byte, key string) (string, error) {
 		return "", fault.New(fault.BadRequest, "body is not valid UTF-8")
 	}
 	var members map[string]json.RawMessage
-	if err := json.Unmarshal(data, &members); err != nil {
+	if err := json.Unmarshal(data, &members); err != nil || members == nil { // `null` decodes to no map
 		if json.Valid(data) {
 			return "", fault.New(fault.BadRequest, "body is not a JSON object")
 		}

@@ -233,6 +233,8 @@ func TestPeekReadsOneStringMember(t *testing.T) {
 		{"not a string", `{"kind":1}`, "", "kind", false},
 		{"case differs", `{"Kind":"x"}`, "", "", true},
 		{"not an object", `[]`, "", "", false},
+		{"null", `null`, "", "", false},
+		{"null with spaces", " null\n", "", "", false},
 		{"not JSON", `{`, "", "", false},
 		{"invalid UTF-8", "{\"kind\":\"\xff\"}", "", "", false},
 		{"over 64 KiB", `{"kind":"` + strings.Repeat("x", MaxBytes) + `"}`, "", "", false},
@@ -247,6 +249,11 @@ func TestPeekReadsOneStringMember(t *testing.T) {
 				return
 			}
 			checkBadRequest(t, err, tt.field)
+			if tt.name == "null" || tt.name == "null with spaces" {
+				if msg := fault.As(err).Message; msg != "body is not a JSON object" {
+					t.Errorf("got %q, want \"body is not a JSON object\"", msg)
+				}
+			}
 		})
 	}
 }

@@ -31,7 +31,7 @@ func NewIssuer(account string, signer nkeys.KeyPair, now func() time.Time) (*Iss
 	if err != nil {
 		return nil, err
 	}
-	if !nkeys.IsValidPublicAccountKey(account) {
+	if !subjects.ValidAccountNKey(account) {
 		return nil, fmt.Errorf("issuer account %q is not an account key", account)
 	}
 	return &Issuer{account: account, signer: ck, signerPub: ck.pub, now: now}, nil
@@ -54,7 +54,7 @@ type User struct {
 
 // Sign builds, signs and re-validates a user JWT.
 func (i *Issuer) Sign(u User) (string, error) {
-	if !nkeys.IsValidPublicUserKey(u.Key) {
+	if !subjects.ValidUserNKey(u.Key) {
 		return "", fmt.Errorf("mint %s: %q is not a user nkey", u.Name, u.Key)
 	}
 	if len(u.Permissions.Pub) == 0 || len(u.Permissions.Sub) == 0 {
