@@ -78,9 +78,24 @@ func (l Locate) URL() (string, error) {
 	return info.NATSURL, nil
 }
 
-// CallerCreds mints a `.creds` file (user JWT and a fresh seed) for principal owner.actor with
-// the "caller" permissions of DESIGN §6.8, valid for ttl.
-func CallerCreds(m *space.Keys, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
+// Role is what a `.creds` file lets its holder do (DESIGN §6.8).
+type Role string
+
+// The roles `authplane creds --role` writes.
+const (
+	// RoleCaller calls the plane and publishes its own run-starts.
+	RoleCaller Role = "caller"
+	// RoleOps is a caller that may also discover the service: `nats micro ls|info|stats|ping`.
+	RoleOps Role = "ops"
+)
+
+// Creds mints a `.creds` file (user JWT and a fresh seed) for principal owner.actor with the
+// permissions of role, valid for ttl.
+func Creds(m *space.Keys, role Role, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
+	duty := map[Role]subjects.Duty{RoleCaller: subjects.DutyCaller, RoleOps: subjects.DutyOps}[role]
+	if duty == "" {
+		return nil, fmt.Errorf("--role %q: want caller or ops", role)
+	}
 	if !subjects.ValidOwner(owner) {
 		return nil, fmt.Errorf("--owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
 	}
@@ -94,7 +109,7 @@ func CallerCreds(m *space.Keys, owner, actor string, ttl time.Duration, now time
 	if err != nil {
 		return nil, err
 	}
-	_, perms, err := subjects.PermissionsOf(subjects.DutyCaller, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
+	_, perms, err := subjects.PermissionsOf(duty, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
 	if err != nil {
 		return nil, err
 	}
@@ -117,9 +132,9 @@ func CallerCreds(m *space.Keys, owner, actor string, ttl time.Duration, now time
 	return jwt.FormatUserConfig(token, seed)
 }
 
-// WriteCallerCreds writes CallerCreds to path (0600, atomically).
-func WriteCallerCreds(path string, m *space.Keys, owner, actor string, ttl time.Duration, now time.Time) error {
-	data, err := CallerCreds(m, owner, actor, ttl, now)
+// WriteCreds writes Creds to path (0600, atomically).
+func WriteCreds(path string, m *space.Keys, role Role, owner, actor string, ttl time.Duration, now time.Time) error {
+	data, err := Creds(m, role, owner, actor, ttl, now)
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 
 	t.Run("a creds file connects and lists the five endpoints in $SRV.INFO", func(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "cli.creds")
-		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
+		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--role", "ops", "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
 			t.Fatalf("authplane creds: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 		}
 		fi, err := os.Stat(out)
@@ -119,7 +119,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 			t.Skip("the nats CLI is not on PATH")
 		}
 		out := filepath.Join(t.TempDir(), "cli.creds")
-		if code, _, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
+		if code, _, stderr := runAuthplane(t, 30*time.Second, "creds", "--dir", dir, "--role", "ops", "--owner", ownerA, "--actor", "cli", "--out", out); code != 0 {
 			t.Fatalf("authplane creds: exit %d, want 0\nstderr:\n%s", code, stderr)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -285,8 +285,7 @@ func TestBinaryInitWritesAConfigThatNATSServerAcceptsAndAPlaneServesOn(t *testin
 
 	srv := runServerConf(t, filepath.Join(spaceDir, "nats-server.conf"))
 	p := startPlane(t, func(c *service.Config) { c.NATSURL, c.SpaceDir, c.Space = srv.ClientURL(), spaceDir, "demo" })
-	nc := callerConn(t, p, ownerA, "cli")
-	checkInstances(t, serviceInstances(t, nc), 2, p.InstanceID(), 0)
+	checkInstances(t, serviceInstances(t, opsConn(t, p, ownerA, "ops")), 2, p.InstanceID(), 0)
 
 	// A second init reuses the material and never overwrites it.
 	code, stdout, stderr = runAuthplane(t, 30*time.Second, args...)

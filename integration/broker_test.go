@@ -61,20 +61,21 @@ func TestCallerCredentialIsForgeLockedByTheBroker(t *testing.T) {
 		}
 	})
 
-	t.Run("discovering the service on $SRV is allowed", func(t *testing.T) {
+	t.Run("discovering the service on $SRV is for ops credentials only", func(t *testing.T) {
+		ops := opsConn(t, p, ownerA, "ops")
 		ids := map[string]bool{}
-		for _, info := range serviceInstances(t, nc) {
+		for _, info := range serviceInstances(t, ops) {
 			ids[info.ID] = true
 		}
-		id := serviceInfo(t, nc).ID
+		id := serviceInfo(t, ops).ID
 		for _, subject := range []string{
 			"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
 			"$SRV.PING." + subjects.ServiceName, "$SRV.INFO." + subjects.ServiceName, "$SRV.STATS." + subjects.ServiceName,
 			"$SRV.PING." + subjects.ServiceName + "." + id, "$SRV.STATS." + subjects.ServiceName + "." + id,
 		} {
-			msg, err := nc.Request(subject, nil, 5*time.Second)
+			msg, err := ops.Request(subject, nil, 5*time.Second)
 			if err != nil {
-				t.Errorf("%s: %v, want the plane's answer", subject, err)
+				t.Errorf("ops %s: %v, want the plane's answer", subject, err)
 				continue
 			}
 			var got struct {
@@ -82,8 +83,14 @@ func TestCallerCredentialIsForgeLockedByTheBroker(t *testing.T) {
 			}
 			targeted := strings.HasSuffix(subject, "."+id)
 			if err := json.Unmarshal(msg.Data, &got); err != nil || !ids[got.ID] || targeted && got.ID != id {
-				t.Errorf("%s: got %q (%v), want an answer from one of the plane's service instances %v (%s when targeted)", subject, msg.Data, err, ids, id)
+				t.Errorf("ops %s: got %q (%v), want an answer from one of the plane's service instances %v (%s when targeted)", subject, msg.Data, err, ids, id)
 			}
+			// A caller's discovery would be answered wherever its reply says: the broker
+			// refuses the publish.
+			if err := nc.PublishRequest(subject, subjects.InboxPrefix(ownerB, "cli")+".x", nil); err != nil {
+				t.Fatal(err)
+			}
+			errs.waitViolation(t, "Publish", subject)
 		}
 	})
 
@@ -157,18 +164,18 @@ func TestRequestWhoseReplyIsNotTheCallersInboxIsDroppedUnansweredAndCounted(t *t
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, endpoint := range []string{subjects.EndpointManagerAuthority, subjects.EndpointSupervisorEnd} {
-				before := counters(t, p, ncA, endpoint)
+				before := counters(t, p, endpoint)
 				if err := ncA.PublishRequest(subjects.EndpointSubject(testSpace, endpoint, ownerA, actor), tt.reply, []byte("{}")); err != nil {
 					t.Fatal(err)
 				}
 				checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
-					now := counters(t, p, ncA, endpoint)
+					now := counters(t, p, endpoint)
 					if now.Dropped != before.Dropped+1 {
 						return fmt.Errorf("%s data.dropped: got %d, want %d", endpoint, now.Dropped, before.Dropped+1)
 					}
 					return nil
 				})
-				if now := counters(t, p, ncA, endpoint); now.Errors != before.Errors {
+				if now := counters(t, p, endpoint); now.Errors != before.Errors {
 					t.Errorf("%s num_errors: got %d, want %d (a dropped request is not answered)", endpoint, now.Errors, before.Errors)
 				}
 			}

@@ -23,11 +23,17 @@ import (
 // `authplane creds` does.
 func writeCallerCreds(t testing.TB, m *space.Keys, owner, actor string) string {
 	t.Helper()
-	creds, err := admin.CallerCreds(m, owner, actor, time.Hour, time.Now())
+	return writeCreds(t, m, admin.RoleCaller, owner, actor)
+}
+
+// writeCreds writes a `.creds` file of role for owner.actor, valid for an hour.
+func writeCreds(t testing.TB, m *space.Keys, role admin.Role, owner, actor string) string {
+	t.Helper()
+	creds, err := admin.Creds(m, role, owner, actor, time.Hour, time.Now())
 	if err != nil {
-		t.Fatalf("caller creds for %s: %v", subjects.Principal(owner, actor), err)
+		t.Fatalf("%s creds for %s: %v", role, subjects.Principal(owner, actor), err)
 	}
-	path := filepath.Join(t.TempDir(), owner+"."+actor+".creds")
+	path := filepath.Join(t.TempDir(), owner+"."+actor+"."+string(role)+".creds")
 	if err := os.WriteFile(path, creds, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -39,6 +45,13 @@ func writeCallerCreds(t testing.TB, m *space.Keys, owner, actor string) string {
 func callerConn(t testing.TB, p *testPlane, owner, actor string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	return connectCreds(t, p.NATSURL(), writeCallerCreds(t, p.Keys(), owner, actor), owner, actor, opts...)
+}
+
+// opsConn connects to p's broker as principal owner.actor with an ops credential (`authplane
+// creds --role ops`): a caller that may also discover the service.
+func opsConn(t testing.TB, p *testPlane, owner, actor string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return connectCreds(t, p.NATSURL(), writeCreds(t, p.Keys(), admin.RoleOps, owner, actor), owner, actor, opts...)
 }
 
 // connectCreds connects to url with the .creds file at path and owner.actor's inbox prefix.

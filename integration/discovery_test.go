@@ -82,11 +82,12 @@ type endpointCounters struct {
 	Requests, Errors   int
 }
 
-// counters sums endpoint's counters over every service instance of plane p, asked over nc.
-func counters(t testing.TB, p *testPlane, nc *nats.Conn, endpoint string) endpointCounters {
+// counters sums endpoint's counters over every service instance of plane p, as an operator
+// asks for them.
+func counters(t testing.TB, p *testPlane, endpoint string) endpointCounters {
 	t.Helper()
 	var c endpointCounters
-	answers := collectN(t, nc, "$SRV.STATS."+subjects.ServiceName, nil, p.workers, 3*time.Second)
+	answers := collectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, p.workers, 3*time.Second)
 	if len(answers) != p.workers {
 		t.Fatalf("$SRV.STATS: got %d answers, want one per worker (%d)", len(answers), p.workers)
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/admin"
@@ -66,8 +67,18 @@ type testPlane struct {
 	// t is the test that started the plane: what lives as long as the plane is its.
 	t testing.TB
 
-	jsOnce sync.Once
-	js     jetstream.JetStream
+	jsOnce  sync.Once
+	js      jetstream.JetStream
+	opsOnce sync.Once
+	ops     *nats.Conn
+}
+
+// Ops is an operator's connection to the plane's broker (`creds --role ops`), opened on first
+// use and closed with the plane's test.
+func (p *testPlane) Ops(t testing.TB) *nats.Conn {
+	t.Helper()
+	p.opsOnce.Do(func() { p.ops = opsConn(p.t, p, ownerA, "ops") })
+	return p.ops
 }
 
 // NATSURL is the broker the plane serves on.

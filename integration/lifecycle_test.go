@@ -67,7 +67,7 @@ func TestRestartOnTheSameDirReusesMaterialAndIdentityAndAdvancesTheEpoch(t *test
 		if got := p.Epoch(); got != wantEpoch {
 			t.Errorf("restart %d: got epoch %d, want %d", wantEpoch, got, wantEpoch)
 		}
-		info := serviceInfo(t, callerConn(t, p, ownerA, "cli"))
+		info := serviceInfo(t, opsConn(t, p, ownerA, "ops"))
 		wantMeta := map[string]string{
 			"space": testSpace, "issuer": subjects.Issuer(testSpace), "instance": iid,
 			"epoch": strconv.FormatUint(wantEpoch, 10), "protocol": subjects.Protocol,
@@ -203,8 +203,8 @@ func TestNewerRegistrationOfTheSameIdentityFencesTheOlderPlane(t *testing.T) {
 	}
 
 	// Only B's service instances answer discovery: A's stopped with the fence.
+	checkInstances(t, serviceInstances(t, opsConn(t, b, ownerA, "ops")), 2, b.InstanceID(), 1)
 	nc := callerConn(t, b, ownerA, "cli")
-	checkInstances(t, serviceInstances(t, nc), 2, b.InstanceID(), 1)
 
 	// B serves: a request reaches it and gets the endpoint's answer, not silence.
 	msg, err := nc.Request(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "cli"), []byte("{}"), 5*time.Second)
@@ -350,6 +350,5 @@ func TestInitConfigIsAcceptedByNATSServerAndAPlaneServesOnIt(t *testing.T) {
 	if got, want := p.Keys().Data.Public(), s.material.Data.Public(); got != want {
 		t.Errorf("plane on init's material: got data account %s, want %s", got, want)
 	}
-	nc := callerConn(t, p, ownerA, "cli")
-	checkInstances(t, serviceInstances(t, nc), 2, p.InstanceID(), 0)
+	checkInstances(t, serviceInstances(t, opsConn(t, p, ownerA, "ops")), 2, p.InstanceID(), 0)
 }

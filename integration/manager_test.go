@@ -304,8 +304,8 @@ func TestManagerRenewsAsItsOwnSupervisor(t *testing.T) {
 
 	grant(t, p, ownerA, "cli") // the preparer loses every scope
 	o = ask(t, sup, ownerA, supActor, subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", supActor), act.NextRegistrationProof, account, 0))
-	if o.code != "permission-denied" || !strings.Contains(o.message, "preparer") {
-		t.Fatalf("renew after the preparer lost supervise: got %s %q, want permission-denied naming the preparer", o.code, o.message)
+	if o.code != "permission-denied" || !strings.Contains(o.message, "whoever prepared") || strings.Contains(o.message, ownerA+".cli") {
+		t.Fatalf("renew after the preparer lost supervise: got %s %q, want permission-denied about the preparer, naming no other principal", o.code, o.message)
 	}
 }
 

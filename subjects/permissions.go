@@ -15,6 +15,10 @@ const (
 	DutyDriver        Duty = "driver"
 	DutyMediator      Duty = "mediator"
 	DutyCaller        Duty = "caller"
+	// DutyOps is a caller that may also discover the service (`nats micro ls|info|stats|ping`):
+	// micro answers `$SRV` requests itself, without the plane's reply check, so only an
+	// operator may send them.
+	DutyOps Duty = "ops"
 )
 
 // StandingDuties are the five duties of a manager instance, in the order the registration's
@@ -37,7 +41,7 @@ type Holder struct {
 	RunID    string // for DutyDriver and DutyMediator
 }
 
-// DutyActor is the actor of a duty's principal; DutyCaller has no fixed actor.
+// DutyActor is the actor of a duty's principal; DutyCaller and DutyOps have no fixed actor.
 func DutyActor(d Duty, iid, runID string) string {
 	switch d {
 	case DutySupervisor:
@@ -61,7 +65,7 @@ func DutyActor(d Duty, iid, runID string) string {
 // nothing more unless the table says so. It returns the principal's actor with them.
 func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
 	actor = h.Actor
-	if d != DutyCaller {
+	if d != DutyCaller && d != DutyOps {
 		actor = DutyActor(d, h.Instance, h.RunID)
 	}
 	if actor == "" {
@@ -90,15 +94,16 @@ func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
 		g.Pub = append(g.Pub, sp+".wfj."+h.RunID)
 	case DutyMediator:
 		g.Pub = append(g.Pub, sp+".ep.reply.manager."+h.Instance+".>")
-	case DutyCaller:
+	case DutyCaller, DutyOps:
 		g.Pub = append(g.Pub,
 			sp+".ep.v1.one.manager.run-start."+h.Owner+"."+actor+".>",
 			sp+".ep.v1.all.manager.run-start."+h.Owner+"."+actor+".>",
 			sp+".ep.v1.inst.manager.*.run-start."+h.Owner+"."+actor+".>",
-			"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
-			"$SRV.*."+ServiceName, "$SRV.*."+ServiceName+".>",
 		)
 		g.Sub = append(g.Sub, sp+".ep.reply.manager.*.*."+h.Owner+"."+actor+".>")
+		if d == DutyOps {
+			g.Pub = append(g.Pub, "$SRV.PING", "$SRV.INFO", "$SRV.STATS", "$SRV.*."+ServiceName, "$SRV.*."+ServiceName+".>")
+		}
 	default:
 		return "", Permissions{}, fmt.Errorf("unknown duty %q", d)
 	}

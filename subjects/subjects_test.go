@@ -117,7 +117,7 @@ func TestReplyAllowedOnlyUnderTheCallersOwnInbox(t *testing.T) {
 var ownerToken = regexp.MustCompile(`^[up]_[a-z2-7]{26}$`)
 
 func TestPermissionsGiveEachDutyOnlyItsOwnPrincipal(t *testing.T) {
-	duties := append(slices.Clone(StandingDuties), DutyDriver, DutyMediator, DutyCaller)
+	duties := append(slices.Clone(StandingDuties), DutyDriver, DutyMediator, DutyCaller, DutyOps)
 	for _, d := range duties {
 		t.Run(string(d), func(t *testing.T) {
 			h := Holder{Space: "default", Owner: testOwner, Actor: "cli", Instance: testIID, RunID: testRunID}
@@ -126,8 +126,14 @@ func TestPermissionsGiveEachDutyOnlyItsOwnPrincipal(t *testing.T) {
 				t.Fatalf("Permissions: %v", err)
 			}
 			wantActor := DutyActor(d, testIID, testRunID)
-			if d == DutyCaller {
+			if d == DutyCaller || d == DutyOps {
 				wantActor = "cli"
+			}
+			// Only an operator may send micro's own verbs, whose answers go wherever the
+			// request says.
+			srv := slices.ContainsFunc(g.Pub, func(e string) bool { return strings.HasPrefix(e, "$SRV") })
+			if srv != (d == DutyOps) {
+				t.Errorf("publish %v: $SRV rights %v, want them for ops only", g.Pub, srv)
 			}
 			if actor != wantActor {
 				t.Errorf("actor: got %q, want %q", actor, wantActor)

@@ -111,7 +111,7 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
-	fmt.Fprintf(w, "  authplane creds --dir %s --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
+	fmt.Fprintf(w, "  authplane creds --dir %s --role ops --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
 	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
 		info.NATSURL, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }

@@ -58,6 +58,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
+	role := fs.String("role", string(admin.RoleCaller), "caller (call the plane, publish its own run-starts) or ops (a caller that may also use nats micro ls|info|stats|ping)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "lifetime of the credential")
 	out := fs.String("out", "", "the .creds file to write (0600)")
 	if err := parse(fs, args); err != nil {
@@ -70,10 +71,10 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := admin.WriteCallerCreds(*out, m, *owner, *actor, *ttl, time.Now()); err != nil {
+	if err := admin.WriteCreds(*out, m, admin.Role(*role), *owner, *actor, *ttl, time.Now()); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote %s for %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *ttl)
+	fmt.Fprintf(stdout, "wrote %s for %s, role %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *role, *ttl)
 	fmt.Fprintf(stdout, "use it with: nats --creds %s --inbox-prefix %s …\n", *out, subjects.InboxPrefix(*owner, *actor))
 	return nil
 }

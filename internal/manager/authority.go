@@ -95,18 +95,29 @@ func keepIf(s string, ok bool) string {
 	return ""
 }
 
-// requireSupervise refuses unless principal's ledger row, read now, holds `supervise`.
-func (e *Engine) requireSupervise(ctx context.Context, owner, actor, whose string) error {
-	row, found, err := ledger.Read(ctx, e.Ledger, owner, actor)
-	if errors.Is(err, ledger.ErrMalformed) {
-		found = false
-	} else if err != nil {
-		return fault.Store(err, "reading the ledger")
+// requireSupervise refuses the caller unless its ledger row, read now, holds `supervise`.
+func (e *Engine) requireSupervise(ctx context.Context, caller Caller) error {
+	ok, err := e.holdsSupervise(ctx, caller.Owner, caller.Actor)
+	if err != nil {
+		return err
 	}
-	if !found || !row.Has(ledger.Supervise) {
-		return fault.New(fault.PermissionDenied, "%s %s needs scope %q; admin and platform-admin do not imply it", whose, subjects.Principal(owner, actor), ledger.Supervise)
+	if !ok {
+		return fault.New(fault.PermissionDenied, "caller %s needs scope %q; admin and platform-admin do not imply it", caller, ledger.Supervise)
 	}
 	return nil
+}
+
+// holdsSupervise reports whether principal owner.actor's ledger row, read now, holds
+// `supervise`; a malformed row holds nothing.
+func (e *Engine) holdsSupervise(ctx context.Context, owner, actor string) (bool, error) {
+	row, found, err := ledger.Read(ctx, e.Ledger, owner, actor)
+	switch {
+	case errors.Is(err, ledger.ErrMalformed):
+		return false, nil
+	case err != nil:
+		return false, fault.Store(err, "reading the ledger")
+	}
+	return found && row.Has(ledger.Supervise), nil
 }
 
 // observe reads the manager gate of iid (an absent observation when it was never written).
@@ -134,7 +145,7 @@ func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error)
 // registration revision + 1), and mints the supervisor and executor. The gate write is the
 // mint's commit: one CAS records the registration and fences the mint.
 func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
+	if err := e.requireSupervise(ctx, caller); err != nil {
 		return nil, err
 	}
 	g, err := e.observe(ctx, req.InstanceID)
@@ -213,7 +224,7 @@ func checkRegistration(g *gate.Gate, req *Request) error {
 // activate mints serve, goalWriter and sessionLedger for the registration prepare recorded,
 // against the registration proof, and returns the proof renewals need.
 func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
+	if err := e.requireSupervise(ctx, caller); err != nil {
 		return nil, err
 	}
 	g, err := e.registered(ctx, req.InstanceID)
@@ -244,7 +255,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
 	ownDuty := caller.Actor == subjects.SupervisorActor(req.InstanceID) || caller.Actor == subjects.ExecutorActor(req.InstanceID)
 	if !ownDuty {
-		if err := e.requireSupervise(ctx, caller.Owner, caller.Actor, "caller"); err != nil {
+		if err := e.requireSupervise(ctx, caller); err != nil {
 			return nil, err
 		}
 	}
@@ -277,8 +288,11 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 		if !ok {
 			return nil, fault.New(fault.Internal, "the registration of instance %s names no preparer", req.InstanceID)
 		}
-		if err := e.requireSupervise(ctx, o, a, "the preparer of this instance,"); err != nil {
+		// The refusal names no one: the preparer is not the caller of this request.
+		if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
 			return nil, err
+		} else if !ok {
+			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", req.InstanceID, ledger.Supervise)
 		}
 	}
 	duties := []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor}
