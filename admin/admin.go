@@ -161,7 +161,7 @@ func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, sco
 }
 
 // ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,
-// valid for five minutes: what tools (and tests) use to reach the plane's buckets.
+// valid for five minutes: how the admin tools reach the plane's buckets.
 func ConnectPlaneAccount(m *space.Keys, natsURL, role string) (*nats.Conn, error) {
 	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
 	if err != nil {

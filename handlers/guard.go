@@ -57,9 +57,11 @@ type Guard struct {
 	Limiter *Limiter
 	Audit   Refusals
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
-	// `unavailable` from then on, in flight too.
+	// `unavailable` from then on, in flight too. Nil: never.
 	Fenced func() bool
 }
+
+func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
 
 // ErrThrottled is the cause of a refusal by the rate limit: counted by the transport, not
 // recorded.
@@ -72,8 +74,10 @@ var errFenced = fault.New(fault.Unavailable, "this authority plane is momentaril
 // order: c names a valid principal (bad-request otherwise); the principal is within its rate
 // (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced
 // (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
-// refusal record still fits in it. Every refusal past the rate limit is recorded, and one
-// made while the plane was being fenced is answered `unavailable`.
+// refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
+// answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
+// keeps its own code in its record, and a mint that committed just then was withheld and
+// recorded `discarded` by the pipeline.
 func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
 	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
 		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
@@ -86,19 +90,22 @@ func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
 	about := c.About()
 	var reply any
 	var err error = errFenced
-	if !g.Fenced() {
+	if !g.fenced() {
 		work, stop := audit.Reserve(ctx)
 		reply, about, err = fn(work, c)
 		stop()
 	}
-	if err == nil {
+	if err == nil && !g.fenced() {
 		return reply, nil
+	}
+	if err == nil {
+		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
 	refusal := fault.As(err)
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
 		g.Audit.Refused(ctx, about, refusal)
 	}
-	if g.Fenced() {
+	if g.fenced() {
 		refusal = errFenced // in flight when the fence came: answered unavailable
 	}
 	return nil, refusal

@@ -149,6 +149,21 @@ func TestAFencedPlaneAnswersUnavailableBeforeAndDuringACall(t *testing.T) {
 	}
 }
 
+func TestASuccessAsTheFenceCameIsAnsweredUnavailable(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	during := func(_ context.Context, c Call) (any, audit.Request, error) {
+		e.fenced.Store(true)
+		return "credentials", c.About(), nil
+	}
+	reply, refusal := e.g.Serve(call("cli", "{}"), during)
+	if reply != nil || refusal == nil || refusal.Code != fault.Unavailable {
+		t.Fatalf("got %v, %v; want nothing sent and unavailable", reply, refusal)
+	}
+	if got := e.refused(t); len(got) != 0 {
+		t.Fatalf("got %+v, want no refused record: a mint withheld is the pipeline's to record", got)
+	}
+}
+
 func TestTheHandlersWorkEndsBeforeTheCallsDeadline(t *testing.T) {
 	e := newGuardEnv(0, 0)
 	c := call("cli", "{}")

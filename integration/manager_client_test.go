@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -11,7 +13,6 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -49,7 +50,14 @@ func (m *managerKeys) identities(t testing.TB) map[string]any {
 	return ids
 }
 
-func newRequestID(testing.TB) string { return ids.RequestID() }
+// newRequestID returns a fresh request id: 24 base64url characters.
+func newRequestID(t testing.TB) string {
+	b := make([]byte, 18)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
 
 // body builds a manager-service-authority request for operation op sent by actor, as a map a
 // test can bend into a refusal. For a renewal, proof and epoch come from the material the

@@ -40,7 +40,8 @@ func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permission
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
 	}
-	p.onClose("drain the "+role+" connection", func() error { return drain(nc, 5*time.Second) })
+	// A drain waits for requests in flight: each may take its whole deadline.
+	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.cfg.RequestTimeout+2*time.Second) })
 	stop := make(chan struct{})
 	p.bg.Go(func() {
 		t := time.NewTicker(ttl * 2 / 3)

@@ -267,10 +267,10 @@ func (p *Plane) Err() error {
 }
 
 // Close stops the plane in the reverse order Start built it: auth-service.json goes first,
-// then the HTTP face, the fence watch, the micro services (in-flight requests finish), the
-// connections (serving before store: its requests still need the stores), the embedded broker,
-// and last the state directory's lock. It returns why the plane had stopped on its own, if it
-// had.
+// then the HTTP face, the fence watch, the micro services (no new requests), the audit
+// summaries, the connections (serving first: draining it lets requests in flight finish, and
+// they still need the stores), the embedded broker, and last the state directory's lock. It
+// returns why the plane had stopped on its own, if it had.
 func (p *Plane) Close() error {
 	err := p.teardown()
 	return errors.Join(p.Err(), err)

@@ -74,7 +74,8 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 	return err
 }
 
-// stopServices stops every micro service instance: in-flight requests finish, no more arrive.
+// stopServices stops every micro service instance: no more requests arrive (those in flight
+// finish while the serving connection drains).
 func (p *Plane) stopServices() error {
 	var errs []error
 	for _, svc := range p.svcs {

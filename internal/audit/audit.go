@@ -116,7 +116,9 @@ func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mi
 // append writes one record, again after a write of unknown outcome, until ctx ends.
 func (w *Writer) append(ctx context.Context, subject string, data []byte, msgID string) error {
 	for attempt := 0; ; attempt++ {
-		err := w.out.Append(ctx, subject, data, msgID)
+		actx, cancel := store.Attempt(ctx) // a lost ack leaves time to try again
+		err := w.out.Append(actx, subject, data, msgID)
+		cancel()
 		if err == nil || msgID == "" || !errors.Is(err, store.ErrUnknownOutcome) {
 			return err
 		}

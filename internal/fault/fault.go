@@ -107,7 +107,7 @@ func Field(field, format string, args ...any) *Error {
 // kept as its cause and a message that reveals nothing.
 func As(err error) *Error {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && e != nil {
 		return e
 	}
 	return &Error{Code: Internal, Message: "internal error", Cause: err}

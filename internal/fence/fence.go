@@ -41,11 +41,14 @@ type Fence[T any] struct {
 	kv    KV
 	key   string
 	parse func([]byte) (T, error)
+	stamp func(*T)
 }
 
-// New returns the fence at key of kv.
-func New[T any](kv KV, key string, parse func([]byte) (T, error)) *Fence[T] {
-	return &Fence[T]{kv: kv, key: key, parse: parse}
+// New returns the fence at key of kv. stamp, when set, gives every row written a fresh
+// writer-unique value (a nonce) before it is written: then a row never returns to bytes it once
+// had, which is what makes a commit's byte compare sound.
+func New[T any](kv KV, key string, parse func([]byte) (T, error), stamp func(*T)) *Fence[T] {
+	return &Fence[T]{kv: kv, key: key, parse: parse, stamp: stamp}
 }
 
 // Key is the fence's KV key.
@@ -67,7 +70,8 @@ func (o *Observed[T]) Absent() bool { return o.Revision == 0 }
 func (o *Observed[T]) Key() string { return o.fence.key }
 
 // Observe reads the fence from the stream leader. A read that fails transiently is retried
-// until ctx ends; a delete marker is ErrGone; a row that does not parse is ErrMalformed.
+// until ctx ends (then ErrUnknownOutcome); a delete marker is ErrGone; a row that does not
+// parse is ErrMalformed.
 func (f *Fence[T]) Observe(ctx context.Context) (*Observed[T], error) {
 	for attempt := 0; ; attempt++ {
 		o, err := f.read(ctx)
@@ -75,13 +79,15 @@ func (f *Fence[T]) Observe(ctx context.Context) (*Observed[T], error) {
 			return o, err
 		}
 		if perr := store.Pause(ctx, attempt); perr != nil {
-			return nil, fmt.Errorf("read %s: %w (gave up: %w)", f.key, err, perr)
+			return nil, fmt.Errorf("read %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, err, perr)
 		}
 	}
 }
 
-// read is one leader read.
+// read is one leader read, given a share of ctx's time so a lost answer leaves time to retry.
 func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
 	e, err := f.kv.Get(ctx, f.key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -112,14 +118,22 @@ func (o *Observed[T]) Commit(ctx context.Context) error {
 }
 
 // Write replaces the row observed with next, pinned to the revision observed (create-only
-// when the key was absent). A CAS lost to a rewrite of the same bytes as observed is retried
-// at the new revision; a write of unknown outcome is settled by reading back: it landed if the
-// row now holds exactly the bytes written (so next must differ from every earlier row: give it
-// a fresh nonce). Any other change since the observation is ErrMoved.
+// when the key was absent). next is stamped first (a fresh nonce) and must parse: a row the
+// fence could not read back is never written. A CAS lost to a rewrite of the same bytes as
+// observed is retried at the new revision; a write of unknown outcome is settled by reading
+// back: it landed if the row now holds exactly the bytes written. Any other change since the
+// observation is ErrMoved.
 func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
+	f := o.fence
+	if f.stamp != nil {
+		f.stamp(&next)
+	}
 	data, err := json.Marshal(next)
 	if err != nil {
-		return nil, fmt.Errorf("write %s: %w", o.Key(), err)
+		return nil, fmt.Errorf("write %s: %w", f.key, err)
+	}
+	if _, err := f.parse(data); err != nil {
+		return nil, fmt.Errorf("%w: %s: refusing to write a row that does not parse: %w", ErrMalformed, f.key, err)
 	}
 	return o.put(ctx, data)
 }
@@ -131,13 +145,7 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 	rev := o.Revision
 	var last error
 	for attempt := 0; ; attempt++ {
-		var n uint64
-		var err error
-		if rev == 0 {
-			n, err = f.kv.Create(ctx, f.key, data)
-		} else {
-			n, err = f.kv.Update(ctx, f.key, data, rev)
-		}
+		n, err := f.write(ctx, data, rev)
 		switch {
 		case err == nil:
 			return f.landed(data, n)
@@ -164,9 +172,20 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 			if errors.Is(last, store.ErrUnknownOutcome) {
 				return nil, fmt.Errorf("write %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, last, perr)
 			}
-			return nil, fmt.Errorf("write %s: %w (gave up: %w)", f.key, last, perr)
+			return nil, fmt.Errorf("write %s: contended until the deadline (gave up: %w)", f.key, perr)
 		}
 	}
+}
+
+// write is one create (rev 0) or CAS, given a share of ctx's time so a lost ack leaves time
+// to settle and retry.
+func (f *Fence[T]) write(ctx context.Context, data []byte, rev uint64) (uint64, error) {
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	if rev == 0 {
+		return f.kv.Create(ctx, f.key, data)
+	}
+	return f.kv.Update(ctx, f.key, data, rev)
 }
 
 // landed returns the observation of data written at revision n.
@@ -181,7 +200,8 @@ func (f *Fence[T]) landed(data []byte, n uint64) (*Observed[T], error) {
 // Update observes the fence and writes decide's row for what it saw, again from a fresh
 // observation each time the fence moves first, until a write lands or ctx ends. decide may
 // refuse (its error is returned as is); it sees Absent() for a key never written. ErrGone and
-// ErrMalformed are final.
+// ErrMalformed are final. decide must be safe to apply twice: a write of unknown outcome that
+// did land, followed by another writer's change, reads as moved and is decided again.
 func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
 	for attempt := 0; ; attempt++ {
 		o, err := f.Observe(ctx)

@@ -46,7 +46,7 @@ func setup(t *testing.T, r row) (*storetest.KV, *fence.Fence[row], *fence.Observ
 	t.Helper()
 	kv := storetest.New()
 	put(t, kv, r)
-	f := fence.New(kv, "k", parse)
+	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +66,7 @@ func put(t *testing.T, kv *storetest.KV, r row) {
 
 func TestObserveTellsAbsentFromPresentAndRefusesMarkersAndJunk(t *testing.T) {
 	kv := storetest.New()
-	f := fence.New(kv, "k", parse)
+	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
 	if err != nil || !o.Absent() {
 		t.Fatalf("never written: got %+v, %v; want an absent observation", o, err)
@@ -120,7 +120,7 @@ func TestCommitIsRefusedOnceAFenceWriterChangedTheRow(t *testing.T) {
 }
 
 func TestCommitOnAnAbsentObservationIsRefused(t *testing.T) {
-	o, err := fence.New(storetest.New(), "k", parse).Observe(ctx(t))
+	o, err := fence.New(storetest.New(), "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestWriteRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 func TestWriteRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
 	kv := storetest.New()
 	kv.Fault = storetest.FailOnce(false)
-	o, err := fence.New(kv, "k", parse).Observe(ctx(t))
+	o, err := fence.New(kv, "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestWriteRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
 
 func TestWriteFromAbsentLosesToAConcurrentCreate(t *testing.T) {
 	kv := storetest.New()
-	f := fence.New(kv, "k", parse)
+	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestAMarkerIsFinalForEveryVerb(t *testing.T) {
 		t.Fatalf("commit: got %v, want ErrGone", err)
 	}
 	absent := storetest.New()
-	ao, err := fence.New(absent, "k", parse).Observe(ctx(t))
+	ao, err := fence.New(absent, "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,5 +285,36 @@ func TestARetryLoopEndsAtItsDeadlineSayingWhy(t *testing.T) {
 				t.Fatal("a write that never landed changed the bucket")
 			}
 		})
+	}
+}
+
+func TestWriteStampsEveryRowAndNeverWritesOneThatDoesNotParse(t *testing.T) {
+	kv := storetest.New()
+	stamps := 0
+	f := fence.New(kv, "k", parse, func(r *row) {
+		stamps++
+		r.Nonce = fmt.Sprintf("n%d", stamps)
+	})
+	o, err := f.Observe(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := o.Write(ctx(t), row{State: "open"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := a.Write(ctx(t), a.Row) // the same row again
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(a.Raw) == string(b.Raw) || b.Row.Nonce != "n2" {
+		t.Fatalf("got %s then %s, want a fresh stamp on each write", a.Raw, b.Raw)
+	}
+	before := kv.Revision()
+	if _, err := b.Write(ctx(t), row{State: ""}); !errors.Is(err, fence.ErrMalformed) {
+		t.Fatalf("a row that does not parse: got %v, want ErrMalformed", err)
+	}
+	if kv.Revision() != before {
+		t.Fatal("a row that does not parse was written")
 	}
 }

@@ -1,11 +1,10 @@
 // Package gate is the endpoint gate (`epgate.<endpoint>.<iid>` in the auth bucket): its row,
 // the fence every mint of an instance commits on. A mint is valid only if a CAS rewriting the
-// gate exactly as it was read lands, and every fence writer (Transition) changes the row's
-// bytes, so no mint commits after one. The CAS itself is the fence package's.
+// gate exactly as it was read lands, and every fence write through Of changes the row's bytes
+// (a fresh nonce), so no mint commits after one. The CAS itself is the fence package's.
 package gate
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -66,9 +65,11 @@ type Registration struct {
 // Gate is a gate as observed: its row, the exact bytes read, and their revision.
 type Gate = fence.Observed[Row]
 
-// Of returns the gate of endpoint's instance iid in the fence bucket kv.
+// Of returns the gate of endpoint's instance iid in the fence bucket kv. Every row written
+// through it gets a fresh nonce, so every fence write changes the gate's bytes and no mint
+// observed before it can commit after it.
 func Of(kv fence.KV, endpoint, iid string) *fence.Fence[Row] {
-	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse)
+	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse, func(r *Row) { r.Nonce = ids.Nonce() })
 }
 
 // Parse decodes and checks a stored row.
@@ -91,13 +92,4 @@ func Parse(data []byte) (Row, error) {
 		return Row{}, fmt.Errorf("principal %q", r.Principal)
 	}
 	return r, nil
-}
-
-// Transition is a fence-changing write made on observed gate g (absent: a create): it writes
-// row under a fresh writer-unique nonce, pinned to the revision observed, so every fence write
-// changes the row's bytes and no mint observed before it can commit after it. Any change since
-// the observation is fence.ErrMoved, and the caller must decide again from a new read.
-func Transition(ctx context.Context, g *Gate, row Row) (*Gate, error) {
-	row.Nonce = ids.Nonce()
-	return g.Write(ctx, row)
 }

@@ -23,17 +23,17 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-func TestTransitionGetsFreshNoncesSoAStaleCommitCannotLand(t *testing.T) {
+func TestEveryGateWriteGetsAFreshNonceSoAStaleCommitCannotLand(t *testing.T) {
 	g := Of(storetest.New(), subjects.GateEndpointManager, "i")
 	absent, err := g.Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := Transition(ctx(t), absent, openRow())
+	a, err := absent.Write(ctx(t), openRow())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Transition(ctx(t), a, a.Row)
+	b, err := a.Write(ctx(t), a.Row)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,14 +105,13 @@ func Register(ctx context.Context, kv fence.KV, iid string) (*gate.Gate, error) 
 	g, err := gate.Of(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
 		switch {
 		case cur.Absent():
-			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid), Nonce: ids.Nonce()}, nil
+			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid)}, nil
 		case cur.Row.State != gate.Open:
 			return gate.Row{}, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", cur.Key(), cur.Row.State)
 		}
 		row := cur.Row
 		row.ProcessEpoch++
 		row.RegistrationRevision++
-		row.Nonce = ids.Nonce()
 		return row, nil
 	})
 	if err != nil {

@@ -40,7 +40,7 @@ func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
 	}
 	retired := g.Row
 	retired.State, retired.Op = gate.Retired, &gate.Op{OpID: "x", Kind: gate.OpRetirement}
-	if _, err := gate.Transition(ctx(t), g, retired); err != nil {
+	if _, err := g.Write(ctx(t), retired); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Register(ctx(t), kv, iid); err == nil {

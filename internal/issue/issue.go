@@ -126,15 +126,21 @@ type Pipeline struct {
 	// mint checks it last before committing and is discarded if it says so. Nil: never.
 	Fenced func() bool
 	// BeforeCommit, when set, runs after the hook and before the first commit: a test seam for
-	// races against the commit fence.
+	// races against the commit fence of the whole plane (Plan.Hook is a plan's own stage).
 	BeforeCommit func()
 }
 
-// Issue runs plan. It returns the signed credentials only if every fence step committed;
-// otherwise a refusal, with the mint recorded `discarded` if anything had been signed. Every
-// write stays within ctx's deadline: the work ends a little before it, so the discard record
-// still has time.
+func (p *Pipeline) fenced() bool { return p.Fenced != nil && p.Fenced() }
+
+// Issue runs plan. It returns the signed credentials only if every fence step committed and
+// the plane was not fenced meanwhile; otherwise a refusal, with the mint recorded `discarded`
+// once it had been recorded `minted`. Every write stays within ctx's deadline: the work ends a
+// little before it, so the discard record still has time. A plan with no fence step is refused:
+// a credential that commits on nothing could outlive any fence.
 func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
+	if len(plan.Steps) == 0 || len(plan.Grants) == 0 {
+		return nil, fault.New(fault.Internal, "a mint needs at least one grant and one fence to commit on")
+	}
 	now := p.Now()
 	ceiling := plan.Ceiling.At
 	if !ceiling.IsZero() && !ceiling.After(now) {
@@ -153,6 +159,9 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		}
 		exp = time.Unix(exp.Unix(), 0)
 		if exp.Unix() <= now.Unix() {
+			if ceiling.IsZero() {
+				return nil, fault.New(fault.Internal, "the %s credential's lifetime %s ends within the second", g.Duty, g.TTL)
+			}
 			return nil, fault.New(fault.PermissionDenied, "%s ends at %s, within the second; it issues nothing",
 				plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
 		}
@@ -183,13 +192,18 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if p.BeforeCommit != nil {
 		p.BeforeCommit()
 	}
-	if p.Fenced != nil && p.Fenced() {
+	if p.fenced() {
 		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance before the mint committed; retry shortly"))
 	}
 	for _, s := range plan.Steps {
 		if err := s.Commit(work); err != nil {
 			return discard(fault.Store(err, "committing the mint on %s", s.Fence))
 		}
+	}
+	if p.fenced() {
+		// Committed, and so valid, but a fenced plane answers nothing more (DESIGN §6.7): it is
+		// withheld, and the manager gets fresh credentials from the plane that fenced this one.
+		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance as the mint committed; retry shortly"))
 	}
 	p.Audit.LogMinted(plan.Request, recorded)
 	return out, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func (e *env) openGate(t *testing.T, iid string) *gate.Gate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gate.Transition(ctx(t), absent, gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1,
+	g, err := absent.Write(ctx(t), gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1,
 		Principal: subjects.Principal(owner, subjects.ServeActor(iid))})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +193,7 @@ func TestASecondFenceThatMovesAfterSigningDiscardsTheMintAndTheFirstCommitIsHarm
 		// A fence writer lands on the second fence between signing and committing.
 		moved := e.second.Row
 		moved.State, moved.Op = gate.Frozen, &gate.Op{OpID: "end", Kind: gate.OpRetirement}
-		_, err := gate.Transition(c, e.second, moved)
+		_, err := e.second.Write(c, moved)
 		return err
 	}
 	got, err := e.p.Issue(ctx(t), plan)
@@ -238,6 +239,9 @@ func TestACeilingClampsEveryExpiryAndRefusesOnceItHasPassed(t *testing.T) {
 			got, err := e.p.Issue(ctx(t), plan)
 			if got != nil || fault.CodeOf(err) != fault.PermissionDenied || !strings.Contains(err.Error(), "the platform supervisor assignment") {
 				t.Fatalf("got %v, %v; want permission-denied naming what ended", got, err)
+			}
+			if errors.Is(err, issue.ErrDiscarded) {
+				t.Fatal("a refusal before signing is marked discarded; the guard would not record it")
 			}
 			if decided, minted := e.decisions(t); len(decided) != 0 || minted != 0 {
 				t.Fatalf("a refusal before signing recorded %d minted and %v", minted, decided)
@@ -345,6 +349,33 @@ func TestAFencedPlaneDiscardsBeforeCommitting(t *testing.T) {
 	got, err := e.p.Issue(ctx(t), e.plan(t))
 	e.wantDiscarded(t, got, err, fault.Unavailable)
 	e.unchanged(t, e.first, e.first.Revision)
+}
+
+func TestAMintCommittedAsThePlaneWasFencedIsWithheldAndDiscarded(t *testing.T) {
+	e := newEnv(t)
+	var fenced atomic.Bool
+	e.p.Fenced = fenced.Load
+	plan := e.plan(t)
+	last := plan.Steps[1]
+	plan.Steps[1].Commit = func(c context.Context) error {
+		err := last.Commit(c)
+		fenced.Store(true) // the fence lands as the mint commits
+		return err
+	}
+	got, err := e.p.Issue(ctx(t), plan)
+	e.wantDiscarded(t, got, err, fault.Unavailable)
+}
+
+func TestAPlanWithNoFenceToCommitOnSignsNothing(t *testing.T) {
+	e := newEnv(t)
+	plan := e.plan(t)
+	plan.Steps = nil
+	if got, err := e.p.Issue(ctx(t), plan); got != nil || fault.CodeOf(err) != fault.Internal {
+		t.Fatalf("got %v, %v; want internal and nothing", got, err)
+	}
+	if decided, minted := e.decisions(t); len(decided) != 0 || minted != 0 {
+		t.Fatalf("got %d minted and %v, want nothing recorded", minted, decided)
+	}
 }
 
 func TestAFenceWithADeleteMarkerDiscardsTheMint(t *testing.T) {

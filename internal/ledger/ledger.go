@@ -51,7 +51,7 @@ func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 			return Row{}, errors.New("not a version 1 row of this principal")
 		}
 		return r, nil
-	})
+	}, nil)
 }
 
 // Read returns the principal's row, read now from the stream leader; found is false when it

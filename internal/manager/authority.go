@@ -12,7 +12,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/subjects"
@@ -170,7 +169,6 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		row.RegistrationRevision++
 		row.Registration = reg
 	}
-	row.Nonce = ids.Nonce() // a fence write: fresh bytes, so no mint observed before it commits after it
 	m, err := e.mint(ctx, caller.Owner, req, about, row, issue.Replaced(g, row),
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {

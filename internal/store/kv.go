@@ -126,6 +126,17 @@ func backoff(attempt int) time.Duration {
 	return d/2 + rand.N(d/2)
 }
 
+// Attempt returns the context for one attempt of a retried store call: a third of ctx's
+// remaining time, at most two seconds, so a call whose answer is lost (a leader change) leaves
+// time to settle it and try again before the deadline.
+func Attempt(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := 2 * time.Second
+	if deadline, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(deadline)/3)
+	}
+	return context.WithTimeout(ctx, max(d, time.Millisecond))
+}
+
 // Pause waits the jittered backoff for attempt, or returns ctx's error if it ends first.
 func Pause(ctx context.Context, attempt int) error {
 	t := time.NewTimer(backoff(attempt))
