@@ -1,7 +1,6 @@
 package handlers
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -108,7 +108,7 @@ func (h *endpoint) Handle(req micro.Request) {
 		err = respondError(req, refusal)
 	} else {
 		var data []byte
-		if data, err = json.Marshal(reply); err == nil {
+		if data, err = body.Encode(reply); err == nil {
 			err = req.Respond(data)
 		}
 	}
@@ -133,7 +133,7 @@ func respondError(req micro.Request, e *fault.Error) error {
 	if !e.Code.Known() {
 		w = client.WireError{Code: string(fault.Internal), Message: "internal error"}
 	}
-	data, err := json.Marshal(client.ErrorBody{Error: w})
+	data, err := body.Encode(client.ErrorBody{Error: w})
 	if err != nil {
 		return err
 	}

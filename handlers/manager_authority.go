@@ -44,6 +44,6 @@ func ManagerAuthority(e *manager.Engine) Func {
 		case kind == "":
 			return nil, about, fault.Field("kind", "missing")
 		}
-		return nil, about, fault.Field("kind", "%q is not a manager-authority kind", kind)
+		return nil, about, fault.Field("kind", "%s is not a manager-authority kind", fault.Quote(kind))
 	}
 }

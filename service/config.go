@@ -51,8 +51,10 @@ type Config struct {
 	// MaxAssignmentTTL bounds a platform supervisor assignment.
 	MaxAssignmentTTL time.Duration
 
+	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
 	WitnessBytes int64
 	MintedBytes  int64
+	AuditBytes   int64
 
 	// Logger receives the plane's log; nil discards it.
 	Logger *slog.Logger
@@ -85,6 +87,7 @@ func Defaults() Config {
 		MaxAssignmentTTL: 30 * 24 * time.Hour,
 		WitnessBytes:     store.DefaultWitnessBytes,
 		MintedBytes:      store.DefaultMintedBytes,
+		AuditBytes:       store.DefaultAuditBytes,
 	}
 }
 
@@ -145,6 +148,9 @@ func (c Config) Validate() error {
 	}
 	if c.MintedBytes < 1<<20 {
 		bad("--minted-bytes %d: want at least 1 MiB", c.MintedBytes)
+	}
+	if c.AuditBytes < 1<<20 {
+		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
 	}
 	return errors.Join(p...)
 }

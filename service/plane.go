@@ -138,6 +138,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
+		AuditBytes:   cfg.AuditBytes,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)

@@ -27,6 +27,15 @@ import (
 func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
+	// The refusal budget's summaries are flushed until the services have stopped, then once
+	// more (this closer runs after theirs).
+	ctx, stop := context.WithCancel(context.Background())
+	flushed := make(chan struct{})
+	p.bg.Go(func() {
+		defer close(flushed)
+		recorder.Run(ctx)
+	})
+	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
 	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit

@@ -37,6 +37,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.MaxAssignmentTTL, "max-assignment-ttl", cfg.MaxAssignmentTTL, "longest platform supervisor assignment")
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
+	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := parse(fs, args); err != nil {

@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -29,11 +31,15 @@ type Writer struct {
 	out   Appender
 	log   *slog.Logger
 	now   func() time.Time
+
+	// budget bounds the full `refused` records of each owner.
+	mu     sync.Mutex
+	owners map[string]*window
 }
 
 // New returns a writer for space.
 func New(space string, out Appender, log *slog.Logger, now func() time.Time) *Writer {
-	return &Writer{space: space, out: out, log: log, now: now}
+	return &Writer{space: space, out: out, log: log, now: now, owners: map[string]*window{}}
 }
 
 // Request identifies the request a decision is about. Only what passed its grammar is set: a
@@ -91,7 +97,40 @@ const (
 	Discarded = "discarded"
 	Assigned  = "assigned"
 	Ended     = "ended"
+	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
+	RefusedSummary = "refused-summary"
 )
+
+// Bounds of the refused records (DESIGN §5): one caller once evicted the whole audit history
+// with oversized bodies echoed into its refusals.
+const (
+	// MaxRefusedRecord is the largest `refused` record, in bytes.
+	MaxRefusedRecord = 1024
+	// RefusedPerMinute is how many full `refused` records one owner gets a minute; its
+	// refusals past them are counted in one RefusedSummary record for the minute.
+	RefusedPerMinute = 60
+	// budgetWindow is the span of an owner's budget.
+	budgetWindow = time.Minute
+)
+
+// Summary is a RefusedSummary record, on `cotal.<space>.audit.refused-summary.<owner>._`.
+type Summary struct {
+	V        int    `json:"v"`
+	Decision string `json:"decision"`
+	Owner    string `json:"owner"`
+	// From and To bound the window (milliseconds).
+	From   int64          `json:"from"`
+	To     int64          `json:"to"`
+	Counts map[string]int `json:"counts"`
+	At     int64          `json:"at"`
+}
+
+// window is one owner's budget for the minute that began at start.
+type window struct {
+	start  time.Time
+	full   int
+	counts map[string]int
+}
 
 // Minted writes one `minted` record per credential, before the mint commits. A write of
 // unknown outcome is retried until ctx ends, each record under the message id mintID.<nkey>, so
@@ -138,9 +177,101 @@ func (w *Writer) Discarded(ctx context.Context, req Request, creds []Credential,
 	w.record(ctx, Decision{Decision: Discarded, Request: req, Code: string(refusal.Code), Message: refusal.Message, Credentials: creds}, refusal.Cause)
 }
 
-// Refused records a request refused before anything was signed.
+// Refused records a request refused before anything was signed: in full while the caller's
+// owner is within its budget of the minute, otherwise counted for the minute's summary. A
+// record is at most MaxRefusedRecord bytes.
 func (w *Writer) Refused(ctx context.Context, req Request, refusal *fault.Error) {
-	w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
+	owner, _, ok := subjects.SplitPrincipal(req.Caller)
+	if !ok {
+		owner = "_"
+	}
+	admitted, ended := w.admit(owner, string(refusal.Code))
+	if ended != nil {
+		w.summarize(ctx, owner, ended)
+	}
+	if admitted {
+		w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
+	}
+}
+
+// admit takes one full record from owner's budget; false means the refusal was counted
+// instead. A window that ended is handed back to be summarized.
+func (w *Writer) admit(owner, code string) (admitted bool, ended *window) {
+	now := w.now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	win := w.owners[owner]
+	if win == nil || now.Sub(win.start) >= budgetWindow {
+		ended = win
+		win = &window{start: now, counts: map[string]int{}}
+		w.owners[owner] = win
+	}
+	if win.full < RefusedPerMinute {
+		win.full++
+		return true, ended
+	}
+	win.counts[code]++
+	return false, ended
+}
+
+// Flush writes the summary of every owner's window that has ended and forgets those windows,
+// so the budget's memory stays as small as the set of owners refused in the last minute.
+func (w *Writer) Flush(ctx context.Context) {
+	now := w.now()
+	ended := map[string]*window{}
+	w.mu.Lock()
+	for owner, win := range w.owners {
+		if now.Sub(win.start) >= budgetWindow {
+			ended[owner] = win
+			delete(w.owners, owner)
+		}
+	}
+	w.mu.Unlock()
+	for owner, win := range ended {
+		w.summarize(ctx, owner, win)
+	}
+}
+
+// Run flushes ended windows every few seconds until ctx ends, then once more for what is left.
+func (w *Writer) Run(ctx context.Context) {
+	t := time.NewTicker(budgetWindow / 6)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			w.mu.Lock()
+			for _, win := range w.owners {
+				win.start = time.Time{} // every window ends now
+			}
+			w.mu.Unlock()
+			w.Flush(final)
+			return
+		case <-t.C:
+			w.Flush(ctx)
+		}
+	}
+}
+
+// summarize writes owner's summary of win, if it counted anything past the budget.
+func (w *Writer) summarize(ctx context.Context, owner string, win *window) {
+	if len(win.counts) == 0 {
+		return
+	}
+	total := 0
+	for _, n := range win.counts {
+		total += n
+	}
+	sum := Summary{V: 1, Decision: RefusedSummary, Owner: owner, From: win.start.UnixMilli(), To: w.now().UnixMilli(), Counts: win.counts, At: w.now().UnixMilli()}
+	w.log.Warn("refusals past the owner's record budget, counted", "owner", owner, "refused", total, "counts", win.counts)
+	data, err := body.Encode(sum)
+	if err == nil {
+		err = w.out.Append(ctx, subjects.AuditSubject(w.space, RefusedSummary, owner, "_"), data, "")
+	}
+	if err != nil {
+		w.log.Error("audit summary not written", "owner", owner, "err", err)
+	}
 }
 
 // record writes an audit decision and its log line. A failed write is logged; the decision
@@ -160,7 +291,11 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 		attrs = append(attrs, "err", cause)
 	}
 	w.log.Log(ctx, level, d.Decision, attrs...)
-	data, err := json.Marshal(d)
+	data, err := body.Encode(d)
+	for err == nil && d.Decision == Refused && len(data) > MaxRefusedRecord && d.Message != "" {
+		d.Message = fault.Clip(d.Message, len(d.Message)/2)
+		data, err = body.Encode(d)
+	}
 	if err == nil {
 		owner, actor, ok := subjects.SplitPrincipal(d.Caller)
 		if !ok {

@@ -76,7 +76,7 @@ func unmarshal(data []byte, v any) error {
 	}
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fault.Field(te.Field, "want %s, got %s", kindName(te.Type), te.Value)
+		return fault.Field(fault.Clip(te.Field, fault.MaxQuote), "want %s, got %s", kindName(te.Type), fault.Clip(te.Value, fault.MaxQuote))
 	}
 	return fault.Wrap(fault.BadRequest, err, "body does not decode")
 }
@@ -111,7 +111,7 @@ func walkObject(dec *json.Decoder, t reflect.Type, path string) error {
 			return fault.New(fault.BadRequest, "body is not JSON")
 		}
 		key := tok.(string)
-		name := join(path, key)
+		name := join(path, fault.Clip(key, fault.MaxQuote)) // a caller's key: bounded wherever it is repeated
 		ft, known := fields[key]
 		if t.Kind() == reflect.Map {
 			ft, known = t.Elem(), true
@@ -196,7 +196,7 @@ func checkScalar(tok json.Token, t reflect.Type, path string) error {
 			return fault.Field(path, "want %s, got a number", want)
 		}
 		if err != nil {
-			return fault.Field(path, "want %s, got the number %s", want, v)
+			return fault.Field(path, "want %s, got the number %s", want, fault.Clip(v.String(), fault.MaxQuote))
 		}
 	}
 	return nil
@@ -289,4 +289,16 @@ func Peek(data []byte, key string) (string, error) {
 		return "", fault.Field(key, "want a string")
 	}
 	return s, nil
+}
+
+// Encode marshals v as JSON without HTML escaping: a `<` a caller sent stays one byte in a
+// reply or a record, not six.
+func Encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'}), nil
 }

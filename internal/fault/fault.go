@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"unicode/utf8"
 
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -88,19 +90,44 @@ func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Cause }
 
+// Echoes are bounded (DESIGN §5): a caller's value is repeated in at most MaxQuote bytes, and
+// a whole refusal message is at most MaxMessage bytes, whatever it quotes. A message travels in
+// the reply, the `Nats-Service-Error` header, micro's last_error, a log line and a record.
+const (
+	MaxQuote   = 64
+	MaxMessage = 256
+)
+
+// Clip returns s cut to at most n bytes at a UTF-8 boundary, ending in "…" when it was cut.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ellipsis = "…"
+	cut := max(n-len(ellipsis), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+// Quote returns a value a caller sent, as a refusal may repeat it: Go-quoted, at most MaxQuote
+// bytes of it.
+func Quote(s string) string { return strconv.Quote(Clip(s, MaxQuote)) }
+
 // New returns a refusal with a formatted message.
 func New(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: code, Message: Clip(fmt.Sprintf(format, args...), MaxMessage)}
 }
 
 // Wrap returns a refusal that keeps cause for logs.
 func Wrap(code Code, cause error, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Cause: cause}
+	return &Error{Code: code, Message: Clip(fmt.Sprintf(format, args...), MaxMessage), Cause: cause}
 }
 
 // Field returns a bad-request refusal naming the offending body field.
 func Field(field, format string, args ...any) *Error {
-	return &Error{Code: BadRequest, Message: "field " + field + ": " + fmt.Sprintf(format, args...)}
+	return New(BadRequest, "field %s: %s", field, fmt.Sprintf(format, args...))
 }
 
 // As returns err as a refusal. An error that is not one becomes `internal`, with the error

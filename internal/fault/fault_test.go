@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -49,6 +51,31 @@ func TestStoreChoosesTheCodeFromTheStorageError(t *testing.T) {
 		}
 		if c.want != PermissionDenied && !errors.Is(got, c.err) {
 			t.Errorf("%v: the cause is not kept", c.err)
+		}
+	}
+}
+
+func TestEchoesAreBounded(t *testing.T) {
+	huge := strings.Repeat("<", 60000)
+	if q := Quote(huge); len(q) > MaxQuote+8 || !strings.HasSuffix(q, `…"`) {
+		t.Errorf("Quote of 60,000 bytes: got %d bytes %q…, want at most %d of them, elided", len(q), q[:20], MaxQuote)
+	}
+	if q := Quote("kind"); q != `"kind"` {
+		t.Errorf("Quote of a short value: got %s, want it whole", q)
+	}
+	// A cut never splits a character.
+	for n := 0; n < 12; n++ {
+		if c := Clip(strings.Repeat("é", 10), n); !utf8.ValidString(c) || len(c) > max(n, len("…")) {
+			t.Errorf("Clip(é×10, %d): got %q (%d bytes)", n, c, len(c))
+		}
+	}
+	for _, e := range []*Error{
+		New(BadRequest, "field %s: unknown", huge),
+		Wrap(Unavailable, nil, "%s", huge),
+		Field(huge, "want %s", huge),
+	} {
+		if len(e.Message) > MaxMessage {
+			t.Errorf("got a %d-byte message, want at most %d", len(e.Message), MaxMessage)
 		}
 	}
 }

@@ -16,13 +16,15 @@ type Options struct {
 	WitnessBytes int64
 	// MintedBytes bounds the minted stream; when it is full, mints fail closed.
 	MintedBytes int64
+	// AuditBytes bounds the audit stream; the oldest records are dropped.
+	AuditBytes int64
 }
 
 // Defaults for Options.
 const (
 	DefaultWitnessBytes = 64 << 20
 	DefaultMintedBytes  = 1 << 30
-	AuditBytes          = 256 << 20
+	DefaultAuditBytes   = 256 << 20
 	AuditMaxAge         = 30 * 24 * time.Hour
 	WitnessMaxAge       = 5 * time.Minute
 	// MintedMaxAge keeps a minted record twice the longest credential lifetime (24 h) after
@@ -67,6 +69,9 @@ func Specs(space string, o Options) []Spec {
 	}
 	if o.MintedBytes == 0 {
 		o.MintedBytes = DefaultMintedBytes
+	}
+	if o.AuditBytes == 0 {
+		o.AuditBytes = DefaultAuditBytes
 	}
 	bucket := func(name string, f Family, rule string) Spec {
 		c := jetstream.StreamConfig{
@@ -127,9 +132,9 @@ func Specs(space string, o Options) []Spec {
 			Name:     subjects.AuditStream(space),
 			Subjects: []string{subjects.AuditStreamSubjects(space)},
 			MaxAge:   AuditMaxAge,
-			MaxBytes: AuditBytes,
+			MaxBytes: o.AuditBytes,
 			Discard:  jetstream.DiscardOld,
-		}, "audit: 30 days, 256 MiB, oldest dropped"),
+		}, "audit: 30 days, bounded (--audit-bytes), oldest dropped"),
 	}
 }
 

@@ -1,0 +1,236 @@
+package integration
+
+import (
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// hostileCase is one body a hostile caller sends, and the code it must get.
+type hostileCase struct {
+	name string
+	body []byte
+	code string
+}
+
+// hostileBodies returns the bodies of the hostile-callers table: oversized, deeply nested,
+// duplicate and case-variant keys, escapes, huge numbers, invalid UTF-8, non-canonical keys,
+// wrong types and grammars, on every operation's envelope.
+func hostileBodies(t *testing.T) []hostileCase {
+	m := newManagerKeys(t)
+	pub := m.pub(t, "supervisor")
+	base := func() map[string]any { return m.body(t, "prepare", "cli") }
+	raw := func(b map[string]any) string { return marshal(t, b) }
+	var cases []hostileCase
+	add := func(name, body, code string) { cases = append(cases, hostileCase{name, []byte(body), code}) }
+	bad := func(name, body string) { add(name, body, "bad-request") }
+
+	big := strings.Repeat("<", 60000)
+	digits := strings.Repeat("9", 60000)
+	bad("an unknown kind of 60,000 angle brackets", `{"kind":"`+big+`"}`)
+	bad("a 60,000-digit version", strings.Replace(raw(base()), `"v":1`, `"v":`+digits, 1))
+	bad("a 60,000-digit epoch", raw(with(base(), "processEpoch", json.Number(digits))))
+	bad("an unknown key of 60,000 bytes", strings.Replace(raw(base()), `{`, `{"`+big+`":1,`, 1))
+	bad("a body one byte over 64 KiB", `{"kind":"`+strings.Repeat("a", 64<<10)+`"}`)
+	bad("a body of exactly 64 KiB that is not an object", `"`+strings.Repeat("a", 64<<10-2)+`"`)
+	bad("a 60,000-byte actor", raw(with(base(), "actor", big)))
+	bad("a 60,000-byte requestId", raw(with(base(), "requestId", big)))
+	bad("a 60,000-byte operation", raw(with(base(), "operation", big)))
+	bad("a 60,000-byte nkey", raw(with(base(), "identities", map[string]any{"supervisor": map[string]any{"id": big}})))
+	bad("a 60,000-byte proof", raw(with(m.body(t, "activate", "cli"), "registrationProof", big)))
+	for _, depth := range []int{64, 1000, 10000} {
+		bad(fmt.Sprintf("objects nested %d deep", depth), strings.Repeat(`{"kind":`, depth)+`1`+strings.Repeat(`}`, depth))
+		bad(fmt.Sprintf("arrays nested %d deep", depth), `{"kind":"manager-service-authority","identities":`+strings.Repeat(`[`, depth)+strings.Repeat(`]`, depth)+`}`)
+		bad(fmt.Sprintf("identities nested %d deep", depth), strings.Replace(raw(base()), `"identities":{`, `"identities":{"x":`+strings.Repeat(`{"a":`, depth)+`1`+strings.Repeat(`}`, depth)+`,`, 1))
+	}
+	for _, key := range []string{"v", "kind", "operation", "space", "actor", "instanceId", "managerLifecycleUid", "requestId", "identities"} {
+		body := raw(base())
+		i := strings.Index(body, `"`+key+`":`)
+		end := i + len(key) + 3
+		for depth := 0; end < len(body); end++ {
+			c := body[end]
+			if depth == 0 && (c == ',' || c == '}') {
+				break
+			}
+			switch c {
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+		}
+		member := body[i:end]
+		bad("a duplicate "+key, strings.Replace(body, member, member+","+member, 1))
+		bad("a case variant of "+key, strings.Replace(body, `"`+key+`":`, `"`+strings.ToUpper(key[:1])+key[1:]+`":`, 1)+"")
+		bad("an upper-case "+key, strings.Replace(body, `"`+key+`":`, `"`+strings.ToUpper(key)+`":`, 1))
+		bad("a null "+key, strings.Replace(body, member, `"`+key+`":null`, 1))
+		bad("an array for "+key, strings.Replace(body, member, `"`+key+`":[1,2]`, 1))
+		bad("an object for "+key, strings.Replace(body, member, `"`+key+`":{"a":1}`, 1))
+		bad("an escaped name of "+key, strings.Replace(body, `"`+key+`":`, `"\u00`+fmt.Sprintf("%02x", key[0])+key[1:]+`":1,"`+key+`":`, 1))
+		bad("a trailing-space name of "+key, strings.Replace(body, `"`+key+`":`, `"`+key+` ":`, 1))
+	}
+	for _, v := range []string{`1e999`, `-0`, `1.0`, `1e0`, `-1`, `18446744073709551616`, `0x1`, `Infinity`, `NaN`, `"1"`, `true`} {
+		bad("version "+v, strings.Replace(raw(base()), `"v":1`, `"v":`+v, 1))
+		bad("epoch "+v, strings.Replace(raw(with(m.body(t, "renew", "cli"), "registrationProof", "sha256:"+strings.Repeat("0", 64), "accountPublicKey", newAccountKey(t), "processEpoch", "PLACEHOLDER")), `"PLACEHOLDER"`, v, 1))
+	}
+	for _, s := range []string{`\u0000`, `\u2028`, `<script>`, `\ud800`, `\udfff`, `a\nb`, `../../etc`, `*`, `>`, `a.b`, ` `, `\t`, `é`, `\u00e9`} {
+		for _, key := range []string{"actor", "space", "instanceId", "requestId", "kind"} {
+			bad(fmt.Sprintf("%s %q", key, s), strings.Replace(raw(with(base(), key, "PLACEHOLDER")), `"PLACEHOLDER"`, `"`+s+`"`, 1))
+		}
+	}
+	for _, b := range [][]byte{{0xff}, {0xc3, 0x28}, {0xed, 0xa0, 0x80}, {0xf4, 0x90, 0x80, 0x80}, {0x80}} {
+		bad(fmt.Sprintf("invalid UTF-8 % x", b), strings.Replace(raw(base()), `"cli"`, `"cli`+string(b)+`"`, 1))
+	}
+	for _, suffix := range []string{"A", "7", "Q", "AAA", "QQQ"} {
+		ids := map[string]any{}
+		for i, d := range subjects.StandingDuties {
+			ids[string(d)] = map[string]any{"id": pub + strings.Repeat(suffix, 1+i%2)}
+		}
+		bad("five spellings of one nkey ending "+suffix, raw(with(base(), "identities", ids)))
+	}
+	for i, d := range subjects.StandingDuties {
+		ids := m.identities(t)
+		ids[string(d)] = map[string]any{"id": m.pub(t, subjects.StandingDuties[(i+1)%5]) + "A"}
+		bad("a 57-character spelling of another duty's key as "+string(d), raw(with(base(), "identities", ids)))
+	}
+	for _, body := range []string{``, ` `, `null`, ` null `, `[]`, `[{}]`, `"kind"`, `1`, `true`, `{`, `}`, `{}{}`, `{"kind":"manager-service-authority"}{}`, "\x00", `{"kind":"manager-service-authority",}`} {
+		bad(fmt.Sprintf("the body %q", body), body)
+	}
+	add("an operation of the original", raw(with(base(), "operation", "retire", "registrationProof", "sha256:"+strings.Repeat("0", 64))), "unimplemented")
+	add("a key of the original", raw(with(base(), "contractArtifacts", []any{})), "unimplemented")
+	add("a run kind", `{"kind":"manager-run-attempt"}`, "unimplemented")
+	if len(cases) < 150 {
+		t.Fatalf("got %d hostile bodies, want at least 150", len(cases))
+	}
+	return cases
+}
+
+// owners returns n distinct owners.
+func owners(n int) []string {
+	enc := base32.StdEncoding.WithPadding(base32.NoPadding)
+	out := make([]string, n)
+	for i := range out {
+		tok := strings.ToLower(enc.EncodeToString(fmt.Appendf(nil, "hostile%09d", i)))
+		out[i] = "u_" + (tok + strings.Repeat("a", 26))[:26]
+	}
+	return out
+}
+
+// Every hostile body is refused with its code, carries no credential, and leaves a reply, a
+// record and log lines of bounded size: what one caller sends cannot grow into what others read.
+func TestHostileBodiesAreRefusedWithBoundedEchoes(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	p := startPlane(t, func(c *service.Config) {
+		c.Rate = 0
+		c.Logger = newTextLogger(logs)
+	})
+	cases := hostileBodies(t)
+	who := owners(len(cases))
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			owner := who[i]
+			nc := callerConn(t, p, owner, "cli")
+			o := ask(t, nc, owner, "cli", subjects.EndpointManagerAuthority, c.body)
+			if o.code != c.code {
+				t.Errorf("got %q %q, want %s", o.code, o.message, c.code)
+			}
+			if len(o.material.Credentials) != 0 || strings.Contains(string(o.msg.Data), `"jwt"`) {
+				t.Errorf("a refusal carried credentials: %.200s", o.msg.Data)
+			}
+			size := len(o.msg.Data)
+			for k, vs := range o.msg.Header {
+				size += len(k) + len(strings.Join(vs, ""))
+			}
+			if size >= 2<<10 {
+				t.Errorf("reply of %d bytes, want under 2 KiB: %.200s", size, o.msg.Data)
+			}
+			rec, err := lastMsg(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "refused", owner, "cli"))
+			if err != nil {
+				t.Fatalf("refused record: %v", err)
+			}
+			if len(rec.Data) >= 1<<10 {
+				t.Errorf("refused record of %d bytes, want under 1 KiB: %.200s", len(rec.Data), rec.Data)
+			}
+		})
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if len(line) >= 2<<10 {
+			t.Errorf("a log line of %d bytes, want under 2 KiB: %.300s", len(line), line)
+		}
+	}
+	// micro's last_error holds the texts too: discovery still fits in one message for everyone.
+	for _, m := range collectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, p.workers, 3*time.Second) {
+		if len(m.Data) > 8<<10 {
+			t.Errorf("a $SRV.STATS answer of %d bytes, want a few KiB", len(m.Data))
+		}
+	}
+}
+
+// One owner flooding 64 KiB refusals at the rate limit cannot evict another owner's record
+// written before the flood: an owner gets 60 full refused records a minute, each at most 1 KiB.
+func TestAFloodOfRefusalsCannotEvictAnotherOwnersRecord(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.AuditBytes = 1 << 20 })
+	victim := callerConn(t, p, ownerB, "cli")
+	if o := ask(t, victim, ownerB, "cli", subjects.EndpointManagerAuthority, `{"kind":"x"}`); o.code != "bad-request" {
+		t.Fatalf("the victim's request: got %q, want bad-request", o.code)
+	}
+	before, err := lastMsg(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "refused", ownerB, "cli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The flood: 400 bodies of 64 KiB as fast as the connection takes them. The rate limit
+	// serves the first 200 (its burst) and a hundred a second after; the rest are throttled.
+	flooder := callerConn(t, p, ownerA, "flood")
+	body := []byte(`{"kind":"` + strings.Repeat("<", 64<<10-12) + `"}`)
+	const sent = 400
+	inbox := flooder.NewRespInbox()
+	for range sent {
+		if err := flooder.PublishRequest(subjects.EndpointSubject(testSpace, subjects.EndpointManagerAuthority, ownerA, "flood"), inbox, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flooder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if c := counters(t, p, subjects.EndpointManagerAuthority); c.Requests < sent+1 {
+			return fmt.Errorf("the plane has answered %d of %d requests", c.Requests, sent+1)
+		}
+		return nil
+	})
+
+	after, err := lastMsg(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "refused", ownerB, "cli"))
+	if err != nil || after.Sequence != before.Sequence {
+		t.Fatalf("owner B's record after %d requests of the flood: got %v, %v; want it still there at %d", sent, after, err, before.Sequence)
+	}
+	info, err := streamInfo(t, p, subjects.AuditStream(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flood := info.State.Subjects[subjects.AuditSubject(testSpace, "refused", ownerA, "flood")]
+	if flood > 60 {
+		t.Errorf("got %d full refused records of the flooding owner, want at most 60 in the minute", flood)
+	}
+	t.Logf("sent %d refusals of 64 KiB; %d full records kept, audit stream at %d bytes", sent, flood, info.State.Bytes)
+}
+
+// streamInfo is the state of a stream, with its subjects.
+func streamInfo(t testing.TB, p *testPlane, name string) (*jetstream.StreamInfo, error) {
+	t.Helper()
+	st, err := p.JS(t).Stream(t.Context(), streamOf(name))
+	if err != nil {
+		return nil, err
+	}
+	return st.Info(t.Context(), jetstream.WithSubjectFilter(">"))
+}
