@@ -201,7 +201,7 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: storetest.New(), Ledger: actors,
 		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now},
 		ProofKey:    []byte(strings.Repeat("k", 32)),
-		StandingTTL: time.Hour}
+		StandingTTL: time.Hour, MaxInstancesPerOwner: 64}
 	fn := ManagerAuthority(engine)
 	m, _, err := client.NewManager()
 	if err != nil {

@@ -234,3 +234,32 @@ func streamInfo(t testing.TB, p *testPlane, name string) (*jetstream.StreamInfo,
 	}
 	return st.Info(t.Context(), jetstream.WithSubjectFilter(">"))
 }
+
+// One owner at its quota of live instances is refused more, while another owner's prepare and
+// its own existing instance's renewals still work: what every tenant shares stays shared.
+func TestAnOwnerAtItsQuotaLeavesOthersWorking(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.MaxInstancesPerOwner = 3; c.Rate = 0 })
+	grant(t, p, ownerA, "cli", "supervise")
+	grant(t, p, ownerB, "cli", "supervise")
+	a, b := callerConn(t, p, ownerA, "cli"), callerConn(t, p, ownerB, "cli")
+	var first *managerKeys
+	var firstAct material
+	for i := range 3 {
+		m := newManagerKeys(t)
+		_, act := registered(t, a, ownerA, "cli", m)
+		if i == 0 {
+			first, firstAct = m, act
+		}
+	}
+	mintedBefore := lastSeq(t, p, subjects.MintedStream(testSpace))
+	o := ask(t, a, ownerA, "cli", subjects.EndpointManagerAuthority, newManagerKeys(t).body(t, "prepare", "cli"))
+	if o.code != "resource-exhausted" || !strings.Contains(o.message, "--max-instances-per-owner") {
+		t.Fatalf("a fourth instance of owner A: got %q %q, want resource-exhausted naming the quota", o.code, o.message)
+	}
+	if after := lastSeq(t, p, subjects.MintedStream(testSpace)); after != mintedBefore {
+		t.Fatalf("the refusal at the quota minted (%d → %d)", mintedBefore, after)
+	}
+	registered(t, b, ownerB, "cli", newManagerKeys(t))
+	mustMint(t, a, ownerA, "cli", renewal(first.body(t, "renewStandingBundle", "cli"), firstAct.NextRegistrationProof, p.Account(), 0))
+}

@@ -50,6 +50,8 @@ type Config struct {
 	StandingTTL time.Duration
 	// MaxAssignmentTTL bounds a platform supervisor assignment.
 	MaxAssignmentTTL time.Duration
+	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
+	MaxInstancesPerOwner int
 
 	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
 	WitnessBytes int64
@@ -73,21 +75,22 @@ type Hooks struct {
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
-		Dir:              ".authplane",
-		Space:            "default",
-		NATSPort:         4222,
-		HTTPPort:         8480,
-		Replicas:         1,
-		Workers:          4 * runtime.GOMAXPROCS(0),
-		Rate:             100,
-		Burst:            200,
-		RequestTimeout:   5 * time.Second,
-		PlaneUserTTL:     time.Hour,
-		StandingTTL:      24 * time.Hour,
-		MaxAssignmentTTL: 30 * 24 * time.Hour,
-		WitnessBytes:     store.DefaultWitnessBytes,
-		MintedBytes:      store.DefaultMintedBytes,
-		AuditBytes:       store.DefaultAuditBytes,
+		Dir:                  ".authplane",
+		Space:                "default",
+		NATSPort:             4222,
+		HTTPPort:             8480,
+		Replicas:             1,
+		Workers:              4 * runtime.GOMAXPROCS(0),
+		Rate:                 100,
+		Burst:                200,
+		RequestTimeout:       5 * time.Second,
+		PlaneUserTTL:         time.Hour,
+		StandingTTL:          24 * time.Hour,
+		MaxAssignmentTTL:     30 * 24 * time.Hour,
+		MaxInstancesPerOwner: 64,
+		WitnessBytes:         store.DefaultWitnessBytes,
+		MintedBytes:          store.DefaultMintedBytes,
+		AuditBytes:           store.DefaultAuditBytes,
 	}
 }
 
@@ -142,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)
+	}
+	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > 100000 {
+		bad("--max-instances-per-owner %d: want 1 to 100000", c.MaxInstancesPerOwner)
 	}
 	if c.WitnessBytes < 1<<20 {
 		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)

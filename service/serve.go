@@ -45,13 +45,14 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 		return err
 	}
 	engine := &manager.Engine{
-		Space:       cfg.Space,
-		Account:     p.keys.Data.Public(),
-		Gates:       p.stores.Auth,
-		Ledger:      p.stores.Actors,
-		Pipeline:    pipeline,
-		ProofKey:    proofKey,
-		StandingTTL: cfg.StandingTTL,
+		Space:                cfg.Space,
+		Account:              p.keys.Data.Public(),
+		Gates:                p.stores.Auth,
+		Ledger:               p.stores.Actors,
+		Pipeline:             pipeline,
+		ProofKey:             proofKey,
+		StandingTTL:          cfg.StandingTTL,
+		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
 	bus := &handlers.Bus{
 		Space:   cfg.Space,

@@ -55,6 +55,10 @@ func RunFenceKey(runID string) string { return "runfence.manager." + runID }
 // RevocationsKey is the key of an account's revocation set in AuthBucket.
 func RevocationsKey(account string) string { return "revocations." + account }
 
+// InstancesKey is the key of the list of an owner's live manager instances in AuthBucket: the
+// per-owner quota.
+func InstancesKey(owner string) string { return "instances." + owner }
+
 // ActorKey is the key of a ledger row in ActorsBucket.
 func ActorKey(owner, actor string) string { return "actor." + owner + "." + actor }
 

@@ -35,6 +35,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.PlaneUserTTL, "plane-user-ttl", cfg.PlaneUserTTL, "lifetime of the plane's own NATS users (renewed at 2/3)")
 	fs.DurationVar(&cfg.StandingTTL, "standing-ttl", cfg.StandingTTL, "lifetime of standing credentials (5s to 24h)")
 	fs.DurationVar(&cfg.MaxAssignmentTTL, "max-assignment-ttl", cfg.MaxAssignmentTTL, "longest platform supervisor assignment")
+	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
 	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")

@@ -31,6 +31,8 @@ type Engine struct {
 	ProofKey []byte
 	// StandingTTL is the lifetime of standing credentials; the executor's is min(5m, it).
 	StandingTTL time.Duration
+	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
+	MaxInstancesPerOwner int
 }
 
 // Caller is the principal a request came from: the subject's last two tokens.
@@ -157,7 +159,13 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		PreparedBy:       caller.String(),
 	}
 	var row gate.Row
+	var steps []issue.Step
 	if g.Absent() {
+		// A new instance: it takes one of its owner's slots, in the same commit as its gate.
+		if err := e.checkQuota(ctx, caller.Owner); err != nil {
+			return nil, err
+		}
+		steps = append(steps, e.joinQuota(caller.Owner, req.InstanceID))
 		principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
 		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
@@ -169,7 +177,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		row.RegistrationRevision++
 		row.Registration = reg
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, row, issue.Replaced(g, row),
+	m, err := e.mint(ctx, caller.Owner, req, about, row, append(steps, issue.Replaced(g, row)),
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
@@ -238,7 +246,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, issue.Unchanged(g),
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)},
 		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
@@ -297,17 +305,17 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.mint(ctx, caller.Owner, req, about, g.Row, issue.Unchanged(g), duties...)
+	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, duties...)
 }
 
-// mint issues duties of owner's instance through the pipeline, committing on the manager's
-// gate with step, and shapes the material. row is the gate row the material describes (for
-// prepare, the registration it writes). A supervised instance's every credential is clamped
-// to its assignment's end, and refused once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, step issue.Step, duties ...subjects.Duty) (*client.Material, error) {
+// mint issues duties of owner's instance through the pipeline, committing with steps (the
+// manager's gate last), and shapes the material. row is the gate row the material describes
+// (for prepare, the registration it writes). A supervised instance's every credential is
+// clamped to its assignment's end, and refused once that has passed.
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}
-	plan := issue.Plan{Request: about, Steps: []issue.Step{step}}
+	plan := issue.Plan{Request: about, Steps: steps}
 	for _, d := range duties {
 		actor, perms, err := subjects.PermissionsOf(d, holder)
 		if err != nil {

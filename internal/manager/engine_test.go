@@ -15,6 +15,8 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
@@ -64,7 +66,7 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
 	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
 	env.e = &Engine{Space: "default", Account: acctPub, Gates: env.gates, Ledger: actors, Pipeline: pipeline,
-		ProofKey: key, StandingTTL: 24 * time.Hour}
+		ProofKey: key, StandingTTL: 24 * time.Hour, MaxInstancesPerOwner: 3}
 	return env
 }
 
@@ -220,4 +222,88 @@ func TestPrepareRetriesAFirstCreateOfUnknownOutcome(t *testing.T) {
 	if err != nil || len(m.Credentials) != 2 || m.ProcessEpoch != 0 {
 		t.Fatalf("got %v, %v; want the prepare to land at epoch 0", m, err)
 	}
+}
+
+// newInstance points env at a fresh instance with fresh keys, for tests that register several.
+func (env *engineEnv) newInstance(t *testing.T) {
+	env.iid, env.ids = ids.UID(), identities(t)
+}
+
+func TestAnOwnerAtItsQuotaCannotRegisterAnotherInstance(t *testing.T) {
+	env := newEngineEnv(t) // quota 3
+	var iids []string
+	for range 3 {
+		env.newInstance(t)
+		if _, err := env.serve(t, env.request(t, OpPrepare)); err != nil {
+			t.Fatal(err)
+		}
+		iids = append(iids, env.iid)
+	}
+	mintedBefore, _ := env.recorded(t)
+	before := env.gates.Revision()
+	env.newInstance(t)
+	_, err := env.serve(t, env.request(t, OpPrepare))
+	if fault.CodeOf(err) != fault.ResourceExhausted || !strings.Contains(err.Error(), "--max-instances-per-owner") {
+		t.Fatalf("a fourth instance: got %v, want resource-exhausted naming the quota", err)
+	}
+	if minted, _ := env.recorded(t); minted != mintedBefore || env.gates.Revision() != before {
+		t.Fatal("a refusal at the quota minted or wrote")
+	}
+	// Re-registering one of its instances is not a new one.
+	env.iid = iids[0]
+	if _, err := env.serve(t, env.request(t, OpPrepare)); err != nil {
+		t.Fatalf("re-registering an instance at the quota: %v", err)
+	}
+	// A retired instance frees its slot.
+	g, err := gate.Of(env.gates, subjects.GateEndpointManager, iids[1]).Observe(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retired := g.Row
+	retired.State, retired.Op = gate.Retired, &gate.Op{OpID: "end", Kind: gate.OpRetirement}
+	if _, err := g.Write(ctx(t), retired); err != nil {
+		t.Fatal(err)
+	}
+	env.newInstance(t)
+	if _, err := env.serve(t, env.request(t, OpPrepare)); err != nil {
+		t.Fatalf("after retiring one: got %v, want the new instance registered", err)
+	}
+}
+
+func TestTheQuotaHoldsInTheCommitWhenTwoRegistrationsRace(t *testing.T) {
+	env := newEngineEnv(t) // quota 3
+	for range 2 {
+		env.newInstance(t)
+		if _, err := env.serve(t, env.request(t, OpPrepare)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first of two new instances is paused before its commit while the second takes the
+	// last slot: both passed the check before signing; only one may commit.
+	env.newInstance(t)
+	first := env.request(t, OpPrepare)
+	firstIID := env.iid
+	env.newInstance(t)
+	second := env.request(t, OpPrepare)
+	var secondErr error
+	env.e.Pipeline.BeforeCommit = func() {
+		env.e.Pipeline.BeforeCommit = nil
+		_, secondErr = env.serve(t, second)
+	}
+	_, err := env.serve(t, first)
+	if secondErr != nil {
+		t.Fatalf("the second registration: %v", secondErr)
+	}
+	if fault.CodeOf(err) != fault.ResourceExhausted {
+		t.Fatalf("the paused registration: got %v, want resource-exhausted at its commit", err)
+	}
+	if g, err := gate.Of(env.gates, subjects.GateEndpointManager, firstIID).Observe(ctx(t)); err != nil || !g.Absent() {
+		t.Fatalf("the refused instance's gate: got %+v, %v; want none", g, err)
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return c
 }
