@@ -2,12 +2,16 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -83,4 +87,80 @@ func readBody(t testing.TB, resp *http.Response) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// health GETs /health of the plane at url and returns its status and body.
+func health(t testing.TB, url string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(url + "/health")
+	if err != nil {
+		t.Fatalf("GET /health: %v", err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(readBody(t, resp), &got); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, got
+}
+
+// waitUnhealthy polls /health until it answers 503 with a reason that contains want.
+func waitUnhealthy(t testing.TB, url, want string) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		status, got := health(t, url)
+		if reason, _ := got["reason"].(string); status != http.StatusServiceUnavailable || got["ok"] != false || !strings.Contains(reason, want) {
+			return fmt.Errorf("GET /health: got %d %v, want 503 {ok:false} with a reason about %q", status, got, want)
+		}
+		return nil
+	})
+}
+
+// A plane whose broker went away says so on /health, and still stops cleanly: Close returns
+// no error, and the binary exits 0 on SIGTERM.
+func TestHealthTellsTheTruthWhenTheBrokerIsGoneAndTheStopIsStillClean(t *testing.T) {
+	t.Parallel()
+	t.Run("the plane", func(t *testing.T) {
+		t.Parallel()
+		s := startStandalone(t, testSpace)
+		sp, err := tryStart(t, func() service.Config { c := testConfig(t); againstStandalone(s)(&c); return c }())
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := sp.Info().HTTPURL
+		if status, got := health(t, url); status != http.StatusOK || got["ok"] != true {
+			t.Fatalf("GET /health while connected: got %d %v, want 200 ok", status, got)
+		}
+		s.srv.Shutdown()
+		waitUnhealthy(t, url, "disconnected")
+		if err := sp.Close(); err != nil {
+			t.Fatalf("Close while disconnected: got %v, want nil", err)
+		}
+	})
+	t.Run("the binary", func(t *testing.T) {
+		t.Parallel()
+		s := startStandalone(t, testSpace)
+		dir := t.TempDir()
+		proc := startAuthplane(t, "serve", "--dir", dir, "--nats-url", s.URL(), "--space-dir", s.spaceDir, "--http-port", "0")
+		info := waitReady(t, proc, dir)
+		s.srv.Shutdown()
+		waitUnhealthy(t, info.URL, "disconnected")
+		if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := proc.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("SIGTERM while disconnected: exit %d, want 0\nstderr:\n%s", code, proc.stderr.String())
+		}
+	})
+}
+
+// A fenced plane says so on /health until it is closed.
+func TestHealthSaysFencedOnceANewerRegistrationLands(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirA })
+	copyIdentity(t, dirA, dirB)
+	startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dirB })
+	<-a.Done()
+	waitUnhealthy(t, a.HTTPURL(), "fenced")
 }

@@ -41,6 +41,7 @@ func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permission
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
 	}
 	// A drain waits for requests in flight: each may take its whole deadline.
+	p.conns = append(p.conns, nc)
 	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.cfg.RequestTimeout+2*time.Second) })
 	stop := make(chan struct{})
 	p.bg.Go(func() {
@@ -61,9 +62,24 @@ func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permission
 	return nc, nil
 }
 
-// drain drains nc and waits until it has closed, or closes it after timeout.
+// connected reports whether every connection of the plane is up.
+func (p *Plane) connected() bool {
+	for _, nc := range p.conns {
+		if !nc.IsConnected() {
+			return false
+		}
+	}
+	return true
+}
+
+// drain drains nc and waits until it has closed, or closes it after timeout. A connection that
+// is down has nothing to drain: it is closed, and that is no error.
 func drain(nc *nats.Conn, timeout time.Duration) error {
 	if nc.IsClosed() {
+		return nil
+	}
+	if !nc.IsConnected() {
+		nc.Close()
 		return nil
 	}
 	defer nc.Close()

@@ -11,9 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -60,7 +62,11 @@ type Plane struct {
 	stores   *store.Stores
 	svcs     []micro.Service
 
-	fenced atomic.Bool
+	fenced   atomic.Bool
+	ready    atomic.Bool
+	draining atomic.Bool
+	// conns are the plane's own connections: store, then serving.
+	conns []*nats.Conn
 	// closers tear the plane down in the reverse order Start built it.
 	closers  []closer
 	bg       sync.WaitGroup
@@ -147,6 +153,11 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	p.info.Epoch = p.gate.Row.ProcessEpoch
+	// The HTTP face comes up before the services and goes down after them, so /health tells
+	// the truth while the plane starts and while it drains.
+	if err := p.serveHTTP(); err != nil {
+		return nil, err
+	}
 
 	// One issuer for the data account: its signing key is derived once, for every user of it.
 	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
@@ -161,15 +172,13 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	p.watchFence()
-	if err := p.serveHTTP(); err != nil {
-		return nil, err
-	}
 	if err := instance.WriteServiceInfo(cfg.Dir, instance.ServiceInfo{
 		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: ids.Secret(32),
 	}); err != nil {
 		return nil, err
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
+	p.ready.Store(true)
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
 		"epoch", p.info.Epoch, "nats", p.info.NATSURL, "http", p.info.HTTPURL)
 	return p, nil
@@ -177,6 +186,32 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// healthy says whether the plane can serve now: started, not draining, not fenced, connected,
+// and able to read its own gate (a leader read) and find its registration there.
+func (p *Plane) healthy(ctx context.Context) (bool, string) {
+	switch {
+	case p.draining.Load():
+		return false, "draining: the plane is stopping"
+	case p.fenced.Load():
+		return false, "fenced: another process registered this instance at a newer epoch"
+	case !p.ready.Load():
+		return false, "starting"
+	}
+	for _, nc := range p.conns {
+		if !nc.IsConnected() {
+			return false, "disconnected from NATS (" + nc.Status().String() + ")"
+		}
+	}
+	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
+	switch {
+	case err != nil:
+		return false, "cannot read its gate: " + fault.Store(err, "reading").Message
+	case g.Absent() || g.Row.Nonce != p.gate.Row.Nonce:
+		return false, "fenced: its gate moved past this registration"
+	}
+	return true, ""
+}
 
 // loadKeys loads the space material, creating it on a first embedded start. Against an
 // existing cluster the material must be the one its servers were configured from (`authplane
@@ -279,6 +314,7 @@ func (p *Plane) Close() error {
 
 func (p *Plane) teardown() error {
 	p.closing.Do(func() {
+		p.draining.Store(true)
 		p.finish(nil)
 		var errs []error
 		for i := len(p.closers) - 1; i >= 0; i-- {

@@ -85,7 +85,8 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 }
 
 // stopServices stops every micro service instance: no more requests arrive (those in flight
-// finish while the serving connection drains).
+// finish while the serving connection drains). On a connection that is down there is nothing
+// to unsubscribe from: that is logged, not failed.
 func (p *Plane) stopServices() error {
 	var errs []error
 	for _, svc := range p.svcs {
@@ -93,7 +94,12 @@ func (p *Plane) stopServices() error {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if err != nil && !p.connected() {
+		p.log.Warn("stopping the micro services while disconnected", "err", err)
+		return nil
+	}
+	return err
 }
 
 // watchFence watches the plane's own gate from here on: the watch's first value is the gate as
@@ -115,7 +121,7 @@ func (p *Plane) serveHTTP() error {
 	}
 	p.info.HTTPURL = "http://" + l.Addr().String()
 	srv := &http.Server{
-		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space)),
+		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space), p.healthy),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,

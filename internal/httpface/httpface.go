@@ -3,16 +3,21 @@
 package httpface
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/cotal-ai/authplane/internal/fault"
 )
 
+// Health says whether the plane can serve now, and if not, why.
+type Health func(ctx context.Context) (ok bool, reason string)
+
 // Loopback returns the handler of the loopback listener (always on, 127.0.0.1).
-func Loopback(issuer string) http.Handler {
+func Loopback(issuer string, healthy Health) http.Handler {
 	routes := map[string]http.HandlerFunc{
-		"/health":                    health(issuer),
+		"/health":                    health(issuer, healthy),
 		"/jwks":                      unimplemented,
 		"/exchange":                  unimplemented,
 		"/manager-service-authority": unimplemented,
@@ -31,11 +36,20 @@ func Loopback(issuer string) http.Handler {
 	})
 }
 
-func health(issuer string) http.HandlerFunc {
+// health answers `{ok:true, issuer}`, or 503 `{ok:false, reason}` while the plane cannot serve
+// (disconnected, fenced, draining, its gate unreadable): what a load balancer or an operator
+// polls must not say ok for a plane that would answer nothing.
+func health(issuer string, healthy Health) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			// The HTTP face's own method guard (DESIGN §7), not a refusal of the table.
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "GET only", "code": string(fault.BadRequest)})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if ok, reason := healthy(ctx); !ok {
+			writeJSON(w, fault.Unavailable.HTTPStatus(), map[string]any{"ok": false, "reason": reason})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "issuer": issuer})
