@@ -89,9 +89,27 @@ const (
 	RoleOps Role = "ops"
 )
 
-// Creds mints a `.creds` file (user JWT and a fresh seed) for principal owner.actor with the
-// permissions of role, valid for ttl.
-func Creds(m *space.Keys, role Role, owner, actor string, ttl time.Duration, now time.Time) ([]byte, error) {
+// CredsOptions say whose credential `authplane creds` writes, and what it may do.
+type CredsOptions struct {
+	Role  Role
+	Owner string
+	Actor string
+	TTL   time.Duration
+	// MaxSubscriptions and MaxPayload bound the user, as every credential the plane mints is.
+	MaxSubscriptions int64
+	MaxPayload       int64
+}
+
+// DefaultCreds are the options `authplane creds` starts from: a caller for a day, with the
+// plane's default user limits.
+func DefaultCreds() CredsOptions {
+	return CredsOptions{Role: RoleCaller, TTL: 24 * time.Hour, MaxSubscriptions: mint.DefaultLimits.Subs, MaxPayload: mint.DefaultLimits.Payload}
+}
+
+// Creds mints a `.creds` file (user JWT and a fresh seed) for the principal of o with the
+// permissions of its role, valid for its TTL.
+func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
+	role, owner, actor, ttl := o.Role, o.Owner, o.Actor, o.TTL
 	duty := map[Role]subjects.Duty{RoleCaller: subjects.DutyCaller, RoleOps: subjects.DutyOps}[role]
 	if duty == "" {
 		return nil, fmt.Errorf("--role %q: want caller or ops", role)
@@ -104,6 +122,10 @@ func Creds(m *space.Keys, role Role, owner, actor string, ttl time.Duration, now
 	}
 	if ttl < time.Minute || ttl > 30*24*time.Hour {
 		return nil, fmt.Errorf("--ttl %s: want 1m to 720h", ttl)
+	}
+	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
+	if err := limits.Validate(); err != nil {
+		return nil, err
 	}
 	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
 	if err != nil {
@@ -121,7 +143,8 @@ func Creds(m *space.Keys, role Role, owner, actor string, ttl time.Duration, now
 	if err != nil {
 		return nil, err
 	}
-	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Permissions: perms, Expires: now.Add(ttl)})
+	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Permissions: perms, Expires: now.Add(ttl),
+		Limits: limits})
 	if err != nil {
 		return nil, err
 	}
@@ -133,8 +156,8 @@ func Creds(m *space.Keys, role Role, owner, actor string, ttl time.Duration, now
 }
 
 // WriteCreds writes Creds to path (0600, atomically).
-func WriteCreds(path string, m *space.Keys, role Role, owner, actor string, ttl time.Duration, now time.Time) error {
-	data, err := Creds(m, role, owner, actor, ttl, now)
+func WriteCreds(path string, m *space.Keys, o CredsOptions, now time.Time) error {
+	data, err := Creds(m, o, now)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,9 @@ func writeCallerCreds(t testing.TB, m *space.Keys, owner, actor string) string {
 // writeCreds writes a `.creds` file of role for owner.actor, valid for an hour.
 func writeCreds(t testing.TB, m *space.Keys, role admin.Role, owner, actor string) string {
 	t.Helper()
-	creds, err := admin.Creds(m, role, owner, actor, time.Hour, time.Now())
+	o := admin.DefaultCreds()
+	o.Role, o.Owner, o.Actor, o.TTL = role, owner, actor, time.Hour
+	creds, err := admin.Creds(m, o, time.Now())
 	if err != nil {
 		t.Fatalf("%s creds for %s: %v", role, subjects.Principal(owner, actor), err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -52,6 +53,11 @@ type Config struct {
 	MaxAssignmentTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
+	// MaxSubscriptions and MaxPayload bound every user the plane mints; MaxConnections bounds
+	// the data account's connections (the plane's own serving ones included).
+	MaxSubscriptions int64
+	MaxPayload       int64
+	MaxConnections   int64
 
 	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
 	WitnessBytes int64
@@ -88,6 +94,9 @@ func Defaults() Config {
 		StandingTTL:          24 * time.Hour,
 		MaxAssignmentTTL:     30 * 24 * time.Hour,
 		MaxInstancesPerOwner: 64,
+		MaxSubscriptions:     mint.DefaultLimits.Subs,
+		MaxPayload:           mint.DefaultLimits.Payload,
+		MaxConnections:       10_000,
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
@@ -148,6 +157,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > 100000 {
 		bad("--max-instances-per-owner %d: want 1 to 100000", c.MaxInstancesPerOwner)
+	}
+	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
+		p = append(p, err)
+	}
+	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
+		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
 	}
 	if c.WitnessBytes < 1<<20 {
 		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)

@@ -153,6 +153,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	p.info.Epoch = p.gate.Row.ProcessEpoch
+	if err := p.applyAccountPolicy(openCtx); err != nil {
+		return nil, err
+	}
 	// The HTTP face comes up before the services and goes down after them, so /health tells
 	// the truth while the plane starts and while it drains.
 	if err := p.serveHTTP(); err != nil {
@@ -186,6 +189,37 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// applyAccountPolicy re-signs the data account's JWT with this start's limits and pushes it to
+// the broker as a system-account user. Without the operator signing key it says so and leaves
+// the account as the material has it.
+func (p *Plane) applyAccountPolicy(ctx context.Context) error {
+	token, err := p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections})
+	if errors.Is(err, space.ErrNoOperatorSigner) {
+		p.log.Warn("the data account keeps the limits of the space material: " + err.Error())
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	iss, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
+	if err != nil {
+		return err
+	}
+	auth, err := iss.Connect("plane.system_"+p.identity.InstanceID, subjects.SystemPermissions(), time.Minute)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(p.info.NATSURL, auth, nats.Name("authplane system "+p.identity.InstanceID))
+	if err != nil {
+		return fmt.Errorf("connect system user to %s: %w", p.info.NATSURL, err)
+	}
+	defer nc.Close()
+	if err := broker.PushAccount(ctx, nc, p.keys.Data.Public(), token); err != nil {
+		return fmt.Errorf("data account limits: %w", err)
+	}
+	return nil
+}
 
 // healthy says whether the plane can serve now: started, not draining, not fenced, connected,
 // and able to read its own gate (a leader read) and find its registration there.

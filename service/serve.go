@@ -36,7 +36,8 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load}
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load,
+		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
 	}

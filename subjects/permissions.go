@@ -128,3 +128,12 @@ func StorePermissions(space string) Permissions {
 		Sub: []string{"_INBOX.>"},
 	}
 }
+
+// SystemPermissions are those of the plane's short-lived system-account user: it pushes account
+// JWTs to the broker's resolver, and nothing else.
+func SystemPermissions() Permissions {
+	return Permissions{
+		Pub: []string{"$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"},
+		Sub: []string{"_INBOX.>"},
+	}
+}

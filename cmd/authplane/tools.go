@@ -58,8 +58,11 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
-	role := fs.String("role", string(admin.RoleCaller), "caller (call the plane, publish its own run-starts) or ops (a caller that may also use nats micro ls|info|stats|ping)")
-	ttl := fs.Duration("ttl", 24*time.Hour, "lifetime of the credential")
+	o := admin.DefaultCreds()
+	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts) or ops (a caller that may also use nats micro ls|info|stats|ping)")
+	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential")
+	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold")
+	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes")
 	out := fs.String("out", "", "the .creds file to write (0600)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -71,10 +74,11 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := admin.WriteCreds(*out, m, admin.Role(*role), *owner, *actor, *ttl, time.Now()); err != nil {
+	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
+	if err := admin.WriteCreds(*out, m, o, time.Now()); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote %s for %s, role %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *role, *ttl)
+	fmt.Fprintf(stdout, "wrote %s for %s, role %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *role, o.TTL)
 	fmt.Fprintf(stdout, "use it with: nats --creds %s --inbox-prefix %s …\n", *out, subjects.InboxPrefix(*owner, *actor))
 	return nil
 }

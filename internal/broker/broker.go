@@ -3,6 +3,8 @@
 package broker
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/space"
 )
@@ -119,3 +122,30 @@ func (a logAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(for
 func (a logAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
 func (a logAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
 func (a logAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+
+// PushAccount sends account JWT token to every server of the cluster nc is connected to, as a
+// system-account user (`$SYS.REQ.ACCOUNT.<account>.CLAIMS.UPDATE`): a full resolver stores it
+// and applies it to the account's connections at once. It is the same for the embedded server.
+func PushAccount(ctx context.Context, nc *nats.Conn, account, token string) error {
+	msg, err := nc.RequestWithContext(ctx, "$SYS.REQ.ACCOUNT."+account+".CLAIMS.UPDATE", []byte(token))
+	if err != nil {
+		return fmt.Errorf("push account %s: %w", account, err)
+	}
+	var reply struct {
+		Data *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"data"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return fmt.Errorf("push account %s: answer %q: %w", account, msg.Data, err)
+	}
+	if reply.Error != nil {
+		return fmt.Errorf("push account %s: %d %s", account, reply.Error.Code, reply.Error.Description)
+	}
+	return nil
+}

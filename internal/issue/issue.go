@@ -122,6 +122,8 @@ type Pipeline struct {
 	Issuer *mint.Issuer
 	Audit  Recorder
 	Now    func() time.Time
+	// Limits bound every credential it mints (subscriptions, payload).
+	Limits mint.Limits
 	// Fenced reports that this plane was fenced by a newer registration of its own instance; a
 	// mint checks it last before committing and is discarded if it says so. Nil: never.
 	Fenced func() bool
@@ -165,7 +167,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 			return nil, fault.New(fault.PermissionDenied, "%s ends at %s, within the second; it issues nothing",
 				plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
 		}
-		token, err := p.Issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp})
+		token, err := p.Issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp, Limits: p.Limits})
 		if err != nil {
 			return nil, fault.Wrap(fault.Internal, err, "signing the %s credential failed", g.Duty)
 		}

@@ -50,6 +50,41 @@ type User struct {
 	Permissions subjects.Permissions
 	// Expires is the JWT's expiry; it must be in the future.
 	Expires time.Time
+	// Limits bound what the user may hold open; zero fields are unbounded.
+	Limits Limits
+}
+
+// Limits are a user's own bounds, which the broker enforces.
+type Limits struct {
+	// Subs bounds its subscriptions; Payload the size of a message it publishes (bytes).
+	Subs    int64
+	Payload int64
+}
+
+// DefaultLimits bound every user the plane mints or `authplane creds` writes, unless flags say
+// otherwise.
+var DefaultLimits = Limits{Subs: 1000, Payload: 1 << 20}
+
+// Validate refuses bounds off their ranges, naming the flags that set them.
+func (l Limits) Validate() error {
+	var p []error
+	if l.Subs < 1 || l.Subs > 1_000_000 {
+		p = append(p, fmt.Errorf("--max-subscriptions %d: want 1 to 1000000", l.Subs))
+	}
+	if l.Payload < 1<<10 || l.Payload > 64<<20 {
+		p = append(p, fmt.Errorf("--max-payload %d: want 1 KiB to 64 MiB", l.Payload))
+	}
+	return errors.Join(p...)
+}
+
+// apply sets l on claims: a zero field stays unbounded (-1).
+func (l Limits) apply(uc *jwt.UserClaims) {
+	if l.Subs > 0 {
+		uc.Limits.Subs = l.Subs
+	}
+	if l.Payload > 0 {
+		uc.Limits.Payload = l.Payload
+	}
 }
 
 // Sign builds, signs and re-validates a user JWT.
@@ -74,6 +109,7 @@ func (i *Issuer) Sign(u User) (string, error) {
 	}
 	uc.Permissions.Pub.Allow = append(jwt.StringList(nil), u.Permissions.Pub...)
 	uc.Permissions.Sub.Allow = append(jwt.StringList(nil), u.Permissions.Sub...)
+	u.Limits.apply(uc)
 	token, err := uc.Encode(i.signer)
 	if err != nil {
 		return "", fmt.Errorf("mint %s: %w", u.Name, err)
@@ -107,6 +143,11 @@ func (i *Issuer) verify(token string, u User) error {
 		return errors.New("publish or subscribe allow list differs from the permissions asked for")
 	case len(got.Pub.Deny) != 0 || len(got.Sub.Deny) != 0:
 		return errors.New("unexpected deny list")
+	}
+	want := jwt.NewUserClaims(u.Key)
+	u.Limits.apply(want)
+	if got.Limits.Subs != want.Limits.Subs || got.Limits.Payload != want.Limits.Payload {
+		return errors.New("limits differ from the ones asked for")
 	}
 	return nil
 }

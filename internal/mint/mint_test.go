@@ -71,6 +71,21 @@ func TestSignIssuesWhatWasAskedSignedByTheSigningKey(t *testing.T) {
 	}
 }
 
+func TestSignSetsTheUsersLimits(t *testing.T) {
+	iss, _, _ := newIssuer(t)
+	token, err := iss.Sign(User{Name: "o.a", Key: userPub(t), Permissions: grant, Expires: time.Now().Add(time.Hour), Limits: Limits{Subs: 7, Payload: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits.Subs != 7 || c.Limits.Payload != 4096 || c.Limits.Data != -1 {
+		t.Fatalf("got limits %+v, want 7 subscriptions, 4096-byte payloads, data unbounded", c.Limits)
+	}
+}
+
 func TestSignRefusesWhatWouldBeUnsafe(t *testing.T) {
 	iss, account, _ := newIssuer(t)
 	future := time.Now().Add(time.Hour)

@@ -4,12 +4,55 @@ package space
 // they export and import. Key generation, the file layout and loading are material.go's.
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/jwt/v2"
 
 	"github.com/cotal-ai/authplane/subjects"
 )
+
+// DataPolicy is what the running plane sets on the data account beyond what the material
+// says: its limits (and, as the supervisor's end lands, its revocations).
+type DataPolicy struct {
+	// MaxConnections bounds the account's connections, the plane's own serving ones included;
+	// 0 leaves them unbounded.
+	MaxConnections int64
+}
+
+// ErrNoOperatorSigner means the operator signing key is kept elsewhere: the plane cannot
+// re-sign an account JWT, and says so.
+var ErrNoOperatorSigner = errors.New("the operator signing key is not in the space material")
+
+// DataAccountJWT signs the data account's claims under p with the operator signing key, newer
+// than any signed before it, for the broker's resolver.
+func (m *Keys) DataAccountJWT(p DataPolicy) (string, error) {
+	if m.OperatorSigner == nil {
+		return "", ErrNoOperatorSigner
+	}
+	token, err := m.dataClaims(p).Encode(m.OperatorSigner)
+	if err != nil {
+		return "", fmt.Errorf("sign %s account JWT: %w", m.Data.Name, err)
+	}
+	return token, nil
+}
+
+// dataClaims are the data account's claims: every credential the plane mints lives here, so it
+// has no JetStream, and it exports the run-starts its callers publish to the plane account.
+func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
+	data := jwt.NewAccountClaims(m.Data.Public())
+	data.Name = m.Data.Name
+	data.SigningKeys.Add(mustPublic(m.Data.Signer))
+	// No JetStream: minted users live here, and an ack goes wherever its publisher says.
+	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
+	if p.MaxConnections > 0 {
+		data.Limits.Conn = p.MaxConnections
+	}
+	for _, subj := range subjects.RunStartExports(m.Space) {
+		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
+	}
+	return data
+}
 
 // signJWTs issues the operator and account JWTs (DESIGN §3).
 func (m *Keys) signJWTs() error {
@@ -35,14 +78,7 @@ func (m *Keys) signJWTs() error {
 		&jwt.Export{Name: "account-monitoring-streams", Subject: "$SYS.ACCOUNT.*.>", Type: jwt.Stream, AccountTokenPosition: 3},
 	}
 
-	data := jwt.NewAccountClaims(dataPub)
-	data.Name = m.Data.Name
-	data.SigningKeys.Add(mustPublic(m.Data.Signer))
-	// No JetStream: minted users live here, and an ack goes wherever its publisher says.
-	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
-	for _, subj := range subjects.RunStartExports(m.Space) {
-		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
-	}
+	data := m.dataClaims(DataPolicy{})
 
 	plane := jwt.NewAccountClaims(m.Plane.Public())
 	plane.Name = m.Plane.Name
