@@ -13,7 +13,9 @@ import (
 
 // TestPlaneRenewsItsOwnUsersBeforeTheyExpire: the plane's serving and store users live
 // --plane-user-ttl and are renewed at two thirds of it, so the broker never has to cut them
-// off, and the plane keeps serving past their first expiry.
+// off, and the plane keeps serving past their first expiry. The serving side is renewed by a
+// new connection whose services register before the old ones stop: callers renewing all the
+// while never meet "no responders".
 func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	t.Parallel()
 	const ttl = 10 * time.Second
@@ -21,20 +23,54 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	start := time.Now()
 	p := startPlane(t, func(c *service.Config) {
 		c.PlaneUserTTL = ttl
+		c.RequestTimeout = 2 * time.Second // a request in flight ends before a renewed user expires
+		c.Rate = 0
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
 	account := p.Keys().Data.Public()
-	m := newManagerKeys(t)
-	_, act := registered(t, cli, ownerA, "cli", m)
+	type manager struct {
+		m   *managerKeys
+		act material
+	}
+	var managers []manager
+	for range 16 {
+		m := newManagerKeys(t)
+		_, act := registered(t, cli, ownerA, "cli", m)
+		managers = append(managers, manager{m, act})
+	}
+	m, act := managers[0].m, managers[0].act
+
+	// Sixteen managers renew back to back from a little before the serving user's renewal (at
+	// two thirds of its life) until after it: a moment with no responders would be met.
+	stop, done := make(chan struct{}), make(chan []string, 16)
+	time.Sleep(time.Until(start.Add(ttl * 2 / 3).Add(-time.Second)))
+	for _, mg := range managers {
+		m, act := mg.m, mg.act
+		go func() {
+			var failures []string
+			for {
+				select {
+				case <-stop:
+					done <- failures
+					return
+				default:
+				}
+				o := askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, 0))
+				if o.code != "" {
+					failures = append(failures, o.code+": "+o.message)
+				}
+			}
+		}()
+	}
 
 	// Both users renewed, and the first ones' expiry is behind us.
 	checkFor(t, ttl+10*time.Second, 200*time.Millisecond, func() error {
 		out := logs.String()
-		for _, conn := range []string{"conn=serving", "conn=store"} {
-			if !strings.Contains(out, `msg="reconnected to NATS" `+conn) {
-				return fmt.Errorf("the %s user has not been renewed yet", conn)
+		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected to NATS" conn=store`} {
+			if !strings.Contains(out, renewed) {
+				return fmt.Errorf("not yet in the log: %s", renewed)
 			}
 		}
 		if time.Since(start) < ttl+time.Second {
@@ -42,6 +78,19 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 		}
 		return nil
 	})
+	close(stop)
+	var failures []string
+	for range 16 {
+		failures = append(failures, <-done...)
+	}
+	if len(failures) > 0 {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+				t.Log(line)
+			}
+		}
+		t.Fatalf("renewals during the plane's own renewals: got %d failures, want none: %v", len(failures), failures[:min(len(failures), 5)])
+	}
 	if out := logs.String(); strings.Contains(strings.ToLower(out), "expired") {
 		t.Fatalf("the broker cut off an expired plane user:\n%s", out)
 	}

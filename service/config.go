@@ -148,6 +148,10 @@ func (c Config) Validate() error {
 	}
 	if c.PlaneUserTTL < 10*time.Second || c.PlaneUserTTL > 24*time.Hour {
 		bad("--plane-user-ttl %s: want 10s to 24h", c.PlaneUserTTL)
+	} else if c.PlaneUserTTL/3 <= c.RequestTimeout {
+		// A user is renewed at two thirds of its life; the requests its old connection still
+		// serves must end in the third that is left.
+		bad("--plane-user-ttl %s: want more than three times --request-timeout (%s)", c.PlaneUserTTL, c.RequestTimeout)
 	}
 	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
 		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)

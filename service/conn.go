@@ -5,16 +5,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
-	"github.com/nats-io/nats.go"
 )
 
-// connect opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account, renewed by reconnecting at two thirds of its life. Close drains it.
-func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
-	ttl := p.cfg.PlaneUserTTL
-	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, ttl)
+// dial opens one of the plane's own connections as a fresh short-lived user of issuer's
+// account; every reconnect presents a newly signed JWT.
+func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
+	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -40,36 +40,57 @@ func (p *Plane) connect(role string, iss *mint.Issuer, perms subjects.Permission
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
 	}
-	// A drain waits for requests in flight: each may take its whole deadline.
-	p.conns = append(p.conns, nc)
-	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.cfg.RequestTimeout+2*time.Second) })
-	stop := make(chan struct{})
+	return nc, nil
+}
+
+// renewEvery runs fn at two thirds of the plane users' lifetime, before the broker would cut
+// them off, until Close, which waits for a renewal under way to finish.
+func (p *Plane) renewEvery(what string, fn func()) {
+	stop, done := make(chan struct{}), make(chan struct{})
 	p.bg.Go(func() {
-		t := time.NewTicker(ttl * 2 / 3)
+		defer close(done)
+		t := time.NewTicker(p.cfg.PlaneUserTTL * 2 / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
-				if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-					log.Warn("renewing the plane's user failed", "err", err)
-				}
+				fn()
 			}
 		}
 	})
-	p.onClose("stop renewing the "+role+" user", func() error { close(stop); return nil })
+	p.onClose("stop renewing the "+what, func() error { close(stop); <-done; return nil })
+}
+
+// connectStore opens the store connection, renewed by reconnecting with a fresh user: a store
+// call cut off by it has an unknown outcome, which every writer settles by re-reading.
+func (p *Plane) connectStore(iss *mint.Issuer) (*nats.Conn, error) {
+	nc, err := p.dial("store", iss, subjects.StorePermissions(p.cfg.Space))
+	if err != nil {
+		return nil, err
+	}
+	p.storeNC = nc
+	// A drain waits for requests in flight: each may take its whole deadline.
+	p.onClose("drain the store connection", func() error { return drain(nc, p.drainTimeout()) })
+	p.renewEvery("store user", func() {
+		if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
+			p.log.Warn("renewing the plane's store user failed", "err", err)
+		}
+	})
 	return nc, nil
 }
 
+// drainTimeout is how long a drain waits for requests in flight: a request's whole deadline.
+func (p *Plane) drainTimeout() time.Duration { return p.cfg.RequestTimeout + 2*time.Second }
+
 // connected reports whether every connection of the plane is up.
 func (p *Plane) connected() bool {
-	for _, nc := range p.conns {
-		if !nc.IsConnected() {
-			return false
-		}
+	if !p.storeNC.IsConnected() {
+		return false
 	}
-	return true
+	s := p.serving.Load()
+	return s == nil || s.nc.IsConnected()
 }
 
 // drain drains nc and waits until it has closed, or closes it after timeout. A connection that

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
@@ -60,13 +59,12 @@ type Plane struct {
 	identity instance.Identity
 	gate     *gate.Gate
 	stores   *store.Stores
-	svcs     []micro.Service
+	storeNC  *nats.Conn
+	serving  atomic.Pointer[serving]
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
-	// conns are the plane's own connections: store, then serving.
-	conns []*nats.Conn
 	// closers tear the plane down in the reverse order Start built it.
 	closers  []closer
 	bg       sync.WaitGroup
@@ -134,7 +132,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	storeNC, err := p.connect("store", planeIssuer, subjects.StorePermissions(cfg.Space))
+	storeNC, err := p.connectStore(planeIssuer)
 	if err != nil {
 		return nil, err
 	}
@@ -167,11 +165,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	serveNC, err := p.connect("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
-	if err != nil {
-		return nil, err
-	}
-	if err := p.serveBus(serveNC, dataIssuer); err != nil {
+	if err := p.serveBus(dataIssuer); err != nil {
 		return nil, err
 	}
 	p.watchFence()
@@ -232,10 +226,8 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	case !p.ready.Load():
 		return false, "starting"
 	}
-	for _, nc := range p.conns {
-		if !nc.IsConnected() {
-			return false, "disconnected from NATS (" + nc.Status().String() + ")"
-		}
+	if !p.connected() {
+		return false, "disconnected from NATS"
 	}
 	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
 	switch {

@@ -22,9 +22,18 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// serveBus registers the micro service instances on the serving connection: the guard, the
-// issuance pipeline and every endpoint's handler.
-func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
+// serving is one generation of the serving side: a connection of a fresh data-account user and
+// the micro service instances on it. A generation is replaced before its user expires.
+type serving struct {
+	nc   *nats.Conn
+	svcs []micro.Service
+}
+
+// serveBus builds what every call passes (the guard, the issuance pipeline, every endpoint's
+// handler) and serves it on a first generation of the serving side, replaced at two thirds of
+// the plane users' lifetime: the new generation registers before the old one stops, so callers
+// never meet a moment with no responders.
+func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
 	// The refusal budget's summaries are flushed until the services have stopped, then once
@@ -61,7 +70,63 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 		Guard:   &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load},
 		Log:     p.log,
 	}
-	svcs, err := bus.Register(nc, micro.Config{
+	fns := map[string]handlers.Func{
+		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
+		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
+		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
+		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
+		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+	}
+	open := func() (*serving, error) {
+		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
+		if err != nil {
+			return nil, err
+		}
+		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
+		s := &serving{nc: nc, svcs: svcs}
+		if err != nil {
+			return nil, errors.Join(err, p.retire(s))
+		}
+		return s, nil
+	}
+	first, err := open()
+	if err != nil {
+		return err
+	}
+	p.serving.Store(first)
+	// The closers run last pushed, first run: the services stop, then the connection drains.
+	p.onClose("drain the serving connection", func() error { return drain(p.serving.Load().nc, p.drainTimeout()) })
+	p.onClose("stop the micro services", p.stopServices)
+	p.renewEvery("serving user", func() {
+		if p.fenced.Load() {
+			return
+		}
+		next, err := open()
+		if err != nil {
+			p.log.Warn("renewing the serving user failed; the current one reconnects when it expires", "err", err)
+			return
+		}
+		old := p.serving.Swap(next)
+		p.log.Debug("renewed the serving user", "conn", "serving")
+		p.bg.Go(func() {
+			if err := p.retire(old); err != nil {
+				p.log.Warn("retiring the previous serving connection", "err", err)
+			}
+		})
+	})
+	return nil
+}
+
+// retire stops a generation's services and drains its connection: requests in flight finish.
+func (p *Plane) retire(s *serving) error {
+	return errors.Join(stopAll(s.svcs), drain(s.nc, p.drainTimeout()))
+}
+
+// microConfig is the micro service every worker registers: its name, version, queue group and
+// metadata (the worker number is the bus's to add).
+func (p *Plane) microConfig() micro.Config {
+	cfg := p.cfg
+	return micro.Config{
 		Name:        subjects.ServiceName,
 		Version:     Version,
 		Description: "Cotal authority plane: mints NATS credentials after re-reading their fences",
@@ -73,34 +138,34 @@ func (p *Plane) serveBus(nc *nats.Conn, dataIssuer *mint.Issuer) error {
 			"epoch":    strconv.FormatUint(p.gate.Row.ProcessEpoch, 10),
 			"protocol": subjects.Protocol,
 		},
-	}, map[string]handlers.Func{
-		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
-		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
-		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
-		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
-		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
-	}, cfg.Workers)
-	p.svcs = svcs
-	p.onClose("stop the micro services", p.stopServices)
-	return err
+	}
 }
 
-// stopServices stops every micro service instance: no more requests arrive (those in flight
-// finish while the serving connection drains). On a connection that is down there is nothing
-// to unsubscribe from: that is logged, not failed.
+// stopServices stops the current micro service instances: no more requests arrive (those in
+// flight finish while the serving connection drains). On a connection that is down there is
+// nothing to unsubscribe from: that is logged, not failed.
 func (p *Plane) stopServices() error {
-	var errs []error
-	for _, svc := range p.svcs {
-		if err := svc.Stop(); err != nil {
-			errs = append(errs, err)
-		}
+	s := p.serving.Load()
+	if s == nil {
+		return nil
 	}
-	err := errors.Join(errs...)
+	err := stopAll(s.svcs)
 	if err != nil && !p.connected() {
 		p.log.Warn("stopping the micro services while disconnected", "err", err)
 		return nil
 	}
 	return err
+}
+
+// stopAll stops every service of svcs.
+func stopAll(svcs []micro.Service) error {
+	var errs []error
+	for _, svc := range svcs {
+		if err := svc.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // watchFence watches the plane's own gate from here on: the watch's first value is the gate as

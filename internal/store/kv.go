@@ -102,7 +102,11 @@ func (k *KV) classify(op, key string, err error) error {
 	return fmt.Errorf("%s %s/%s: %w", op, k.bucket, key, Classify(err))
 }
 
-// Classify maps a JetStream write error to ErrCASLost, ErrFull, ErrUnknownOutcome, or itself.
+// Classify maps a JetStream call's error to what a writer can act on: ErrCASLost and ErrFull
+// are the server's definite answers; another JetStream API error (but a 503, which a leader
+// change gives) is the server's definite refusal, returned as it is; anything else (a timeout,
+// no responders, a connection cut or being renewed) leaves the outcome unknown:
+// ErrUnknownOutcome, to be settled by re-reading.
 func Classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
@@ -112,10 +116,10 @@ func Classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStoreFailed && strings.Contains(apiErr.Description, "per subject"):
 		return fmt.Errorf("%w: %w", ErrCASLost, err) // a write-once key already holds its value
-	case Transient(err):
-		return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
+	case errors.As(err, &apiErr) && apiErr.Code != 503:
+		return err
 	}
-	return err
+	return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 }
 
 // backoff is the jittered pause before retry number attempt: 2ms doubling to 200ms, each
