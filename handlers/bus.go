@@ -92,11 +92,11 @@ func (h *endpoint) Handle(req micro.Request) {
 	b := h.bus
 	name, owner, actor, ok := subjects.ParseEndpointSubject(b.Space, req.Subject())
 	if !ok || name != h.name {
-		h.drop("subject names no principal", "subject", req.Subject())
+		h.drop("subject names no principal", "subject", fault.Clip(req.Subject(), 2*fault.MaxQuote))
 		return
 	}
 	if !subjects.ReplyAllowed(req.Reply(), owner, actor) {
-		h.drop("reply subject is not the caller's inbox", "caller", subjects.Principal(owner, actor), "reply", req.Reply())
+		h.drop("reply subject is not the caller's inbox", "caller", subjects.Principal(owner, actor), "reply", fault.Clip(req.Reply(), 2*fault.MaxQuote))
 		return
 	}
 	reply, refusal := b.Guard.Serve(Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}, h.fn)
