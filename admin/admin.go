@@ -262,11 +262,11 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 		}
 	}
 	identities := m.Identities
-	body, err := json.Marshal(client.ServiceAuthority{
-		V: 1, Kind: client.KindServiceAuthority, Operation: client.OpPrepare, Space: spaceName, Actor: actor,
+	body, err := json.Marshal(client.ServiceAuthority{Operation: client.OpPrepare, Envelope: client.Envelope{
+		V: 1, Kind: client.KindServiceAuthority, Space: spaceName, Actor: actor,
 		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
 		Identities: &identities,
-	})
+	}})
 	if err != nil {
 		return nil, err
 	}

@@ -200,28 +200,50 @@ func NewManager() (Manager, map[subjects.Duty]nkeys.KeyPair, error) {
 	return m, keys, nil
 }
 
-// Body returns the manager-service-authority body of operation op for m, sent by this client's
-// actor under a fresh request id; the caller adds the operation's keys.
-func (c *Client) Body(op string, m Manager) ServiceAuthority {
+// Envelope returns the envelope of a request of kind about m, sent by this client's actor
+// under a fresh request id; the caller adds what the request carries beyond it.
+func (c *Client) Envelope(kind string, m Manager) Envelope {
 	identities := m.Identities
-	return ServiceAuthority{
-		V: 1, Kind: KindServiceAuthority, Operation: op, Space: c.space, Actor: c.actor,
+	return Envelope{
+		V: 1, Kind: kind, Space: c.space, Actor: c.actor,
 		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
 		Identities: &identities,
 	}
 }
 
+// current returns the envelope of kind about m carrying r: what every request past activate
+// presents.
+func (c *Client) current(kind string, m Manager, r Renewal) Envelope {
+	env := c.Envelope(kind, m)
+	env.RegistrationProof, env.AccountPublicKey, env.ProcessEpoch = &r.Proof, &r.Account, &r.Epoch
+	return env
+}
+
+// Body returns the manager-service-authority body of operation op for m; the caller adds the
+// operation's keys.
+func (c *Client) Body(op string, m Manager) ServiceAuthority {
+	return ServiceAuthority{Envelope: c.Envelope(KindServiceAuthority, m), Operation: op}
+}
+
 // ServiceAuthority sends one manager-service-authority body and decodes the material.
 func (c *Client) ServiceAuthority(ctx context.Context, body ServiceAuthority) (*Material, error) {
-	data, err := c.Do(ctx, subjects.EndpointManagerAuthority, body)
-	if err != nil {
+	var m Material
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, body, &m); err != nil {
 		return nil, err
 	}
-	var m Material
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("%s: reply does not decode: %w", body.Operation, err)
-	}
 	return &m, nil
+}
+
+// call sends body on endpoint and decodes the reply into reply.
+func (c *Client) call(ctx context.Context, endpoint string, body, reply any) error {
+	data, err := c.Do(ctx, endpoint, body)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, reply); err != nil {
+		return fmt.Errorf("%s: reply does not decode: %w", endpoint, err)
+	}
+	return nil
 }
 
 // Prepare registers m (or re-registers it, advancing its process epoch) and returns the
@@ -241,16 +263,65 @@ func (c *Client) Activate(ctx context.Context, m Manager, registrationProof stri
 
 // Renew returns fresh supervisor and executor credentials.
 func (c *Client) Renew(ctx context.Context, m Manager, r Renewal) (*Material, error) {
-	return c.ServiceAuthority(ctx, c.renewal(OpRenew, m, r))
+	return c.ServiceAuthority(ctx, ServiceAuthority{Envelope: c.current(KindServiceAuthority, m, r), Operation: OpRenew})
 }
 
 // RenewStandingBundle returns fresh credentials for all five duties.
 func (c *Client) RenewStandingBundle(ctx context.Context, m Manager, r Renewal) (*Material, error) {
-	return c.ServiceAuthority(ctx, c.renewal(OpRenewStandingBundle, m, r))
+	return c.ServiceAuthority(ctx, ServiceAuthority{Envelope: c.current(KindServiceAuthority, m, r), Operation: OpRenewStandingBundle})
 }
 
-func (c *Client) renewal(op string, m Manager, r Renewal) ServiceAuthority {
-	b := c.Body(op, m)
-	b.RegistrationProof, b.AccountPublicKey, b.ProcessEpoch = &r.Proof, &r.Account, &r.Epoch
-	return b
+// NewRunID returns a fresh run id: `run-` and 32 lowercase hex.
+func NewRunID() string { return "run-" + ids.Secret(16) }
+
+// Admit asks the plane to admit run runID, started by the run-start subject a caller
+// published, to m.
+func (c *Client) Admit(ctx context.Context, m Manager, r Renewal, runID, subject string) (*AdmissionReply, error) {
+	var reply AdmissionReply
+	body := RunAdmission{Envelope: c.current(KindRunAdmission, m, r), Run: RunStart{RunID: runID, Subject: subject}}
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, body, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
+}
+
+// Attempt takes over an admitted run for m: its driver and mediator credentials for a.
+func (c *Client) Attempt(ctx context.Context, m Manager, r Renewal, a Attempt) (*RunMaterial, error) {
+	var reply RunMaterial
+	body := RunAttempt{Envelope: c.current(KindRunAttempt, m, r), Attempt: a}
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, body, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
+}
+
+// RenewRunDriver renews the driver and mediator credentials of a run m holds.
+func (c *Client) RenewRunDriver(ctx context.Context, m Manager, r Renewal, hold RunHold) (*RunMaterial, error) {
+	var reply RunMaterial
+	body := ServiceAuthority{Envelope: c.current(KindServiceAuthority, m, r), Operation: OpRenewRunDriver, Run: &hold}
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, body, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
+}
+
+// ReportStatus reports a run's status; the client must be the run's driver principal.
+func (c *Client) ReportStatus(ctx context.Context, s RunStatus) (*StatusReply, error) {
+	s.V, s.Kind, s.Space = 1, KindRunStatus, c.space
+	var reply StatusReply
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, s, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
+}
+
+// Revoke revokes run runID of m for good, on the run-revoke endpoint. The caller is the run's
+// admitted owner or holds `admin`, and presents m's current proof.
+func (c *Client) Revoke(ctx context.Context, m Manager, r Renewal, runID, reason string) (*RevokeReply, error) {
+	var reply RevokeReply
+	body := RunRevoke{Envelope: c.current(KindRunRevoke, m, r), Revoke: Revoke{RunID: runID, Reason: reason}}
+	if err := c.call(ctx, subjects.EndpointRunRevoke, body, &reply); err != nil {
+		return nil, err
+	}
+	return &reply, nil
 }

@@ -45,12 +45,13 @@ func (ids Identities) Of(d subjects.Duty) string {
 	return ""
 }
 
-// ServiceAuthority is the body of a manager-service-authority request: the §6.2 envelope and
-// the keys of its operation. Pointer fields are the ones an operation may leave out.
-type ServiceAuthority struct {
+// Envelope is what every manager-authority request about one manager instance carries (DESIGN
+// §6.2): who sends it, for which instance and lifecycle, and with which duty keys; and, past
+// prepare, the proof, account and epoch the manager was given. Pointer fields are the ones a
+// request may leave out.
+type Envelope struct {
 	V                   int         `json:"v"`
 	Kind                string      `json:"kind"`
-	Operation           string      `json:"operation"`
 	Space               string      `json:"space"`
 	Actor               string      `json:"actor"`
 	InstanceID          string      `json:"instanceId"`
@@ -60,6 +61,26 @@ type ServiceAuthority struct {
 	RegistrationProof   *string     `json:"registrationProof,omitempty"`
 	AccountPublicKey    *string     `json:"accountPublicKey,omitempty"`
 	ProcessEpoch        *uint64     `json:"processEpoch,omitempty"`
+}
+
+// ServiceAuthority is the body of a manager-service-authority request: the envelope and the
+// keys of its operation.
+type ServiceAuthority struct {
+	Envelope
+	Operation string `json:"operation"`
+	// Run is renewRunDriver's: the run fence the manager holds.
+	Run *RunHold `json:"run,omitempty"`
+}
+
+// RunHold is a manager's hold on a run: what its attempt set the run fence to.
+type RunHold struct {
+	RunID        string `json:"runId"`
+	Holder       string `json:"holder"`
+	TakeoverID   string `json:"takeoverId"`
+	Epoch        uint64 `json:"epoch"`
+	FencingToken uint64 `json:"fencingToken"`
+	DriverID     string `json:"driverId"`
+	MediatorID   string `json:"mediatorId"`
 }
 
 // Material is the reply to a manager-service-authority request: a credential per duty minted,

@@ -208,9 +208,9 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := m.Identities
-	body, err := json.Marshal(client.ServiceAuthority{V: 1, Kind: client.KindServiceAuthority, Operation: client.OpPrepare,
+	body, err := json.Marshal(client.ServiceAuthority{Operation: client.OpPrepare, Envelope: client.Envelope{V: 1, Kind: client.KindServiceAuthority,
 		Space: "default", Actor: "cli", InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID,
-		RequestID: strings.Repeat("r", 22), Identities: &ids})
+		RequestID: strings.Repeat("r", 22), Identities: &ids}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,29 +3,26 @@ package handlers
 import (
 	"context"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/manager"
 )
 
-// Manager-authority kinds that land with workflow runs.
-var runKinds = map[string]bool{
-	"manager-run-admission": true,
-	"manager-run-attempt":   true,
-	"manager-run-status":    true,
-}
-
 // ManagerAuthority serves `cotal.<space>.auth.manager-authority.<owner>.<actor>`.
 //
-// Request: a JSON body whose `kind` selects the handler. `manager-service-authority` (DESIGN
-// §6.2): operations prepare, activate, renew and renewStandingBundle. Reply: the material
-// (credentials for the caller's nkeys, proofs, the epoch and account to renew with). The run
-// kinds (`manager-run-admission`, `manager-run-attempt`, `manager-run-status`) and
-// renewRunDriver answer `unimplemented` until workflow runs land.
+// Request: a JSON body whose `kind` selects the handler:
+//   - `manager-service-authority` (DESIGN §6.2): prepare, activate, renew, renewStandingBundle
+//     → the material (credentials for the caller's nkeys, proofs, the epoch and account to renew
+//     with); renewRunDriver → the run's driver and mediator credentials;
+//   - `manager-run-admission` (§6.3) → the admission;
+//   - `manager-run-attempt` (§6.3) → the run's driver and mediator credentials and the hold;
+//   - `manager-run-status` (§6.3), from the run's driver → the status as written;
+//   - `manager-run-revoke` (§6.4) → the revocation marker that won.
 //
 // Refusals: bad-request, unimplemented, permission-denied, failed-precondition, conflict,
-// resource-exhausted, unavailable, internal (see manager.Engine.ServiceAuthority).
+// resource-exhausted, unavailable, internal (see the manager.Engine methods).
 func ManagerAuthority(e *manager.Engine) Func {
 	return func(ctx context.Context, c Call) (any, audit.Request, error) {
 		about := c.About()
@@ -33,17 +30,57 @@ func ManagerAuthority(e *manager.Engine) Func {
 		if err != nil {
 			return nil, about, err
 		}
-		if kind == manager.Kind || runKinds[kind] {
-			about.Kind = kind // only a known kind reaches the records
-		}
+		caller := manager.Caller{Owner: c.Owner, Actor: c.Actor}
+		serve, known := map[string]func(context.Context, manager.Caller, audit.Request, []byte) (any, audit.Request, error){
+			manager.Kind:            e.ServiceAuthority,
+			client.KindRunAdmission: reply(e.Admit),
+			client.KindRunAttempt:   reply(e.Attempt),
+			client.KindRunStatus:    reply(e.ReportStatus),
+			client.KindRunRevoke:    reply(e.RevokeRun),
+		}[kind]
 		switch {
-		case kind == manager.Kind:
-			return e.ServiceAuthority(ctx, manager.Caller{Owner: c.Owner, Actor: c.Actor}, about, c.Body)
-		case runKinds[kind]:
-			return nil, about, fault.New(fault.Unimplemented, "%s lands with workflow runs; not implemented by this plane yet", kind)
+		case known:
+			about.Kind = kind // only a known kind reaches the records
+			return serve(ctx, caller, about, c.Body)
 		case kind == "":
 			return nil, about, fault.Field("kind", "missing")
 		}
 		return nil, about, fault.Field("kind", "%s is not a manager-authority kind", fault.Quote(kind))
+	}
+}
+
+// RunRevoke serves `cotal.<space>.auth.run-revoke.<owner>.<actor>`.
+//
+// Request: a `manager-run-revoke` body (DESIGN §6.4): the envelope with the manager's current
+// proof, and `revoke{runId, reason}`. Reply: `{v, kind, requestId, runId, revocation,
+// runFenceRevision}`, the marker that won, byte for byte: a repeat gets the first one.
+//
+// Refusals: bad-request (body), permission-denied (no admission record, another instance's
+// run, not its admitted owner nor an admin, a wrong proof), failed-precondition, conflict
+// (stale epoch), unavailable.
+func RunRevoke(e *manager.Engine) Func {
+	return func(ctx context.Context, c Call) (any, audit.Request, error) {
+		about := c.About()
+		kind, err := body.Peek(c.Body, "kind")
+		if err != nil {
+			return nil, about, err
+		}
+		if kind != client.KindRunRevoke {
+			return nil, about, fault.Field("kind", "want %q", client.KindRunRevoke)
+		}
+		about.Kind = kind
+		return reply(e.RevokeRun)(ctx, manager.Caller{Owner: c.Owner, Actor: c.Actor}, about, c.Body)
+	}
+}
+
+// reply adapts an engine method with a typed reply to the dispatch's shape, and never lets a
+// nil reply pass for one.
+func reply[R any](serve func(context.Context, manager.Caller, audit.Request, []byte) (*R, audit.Request, error)) func(context.Context, manager.Caller, audit.Request, []byte) (any, audit.Request, error) {
+	return func(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (any, audit.Request, error) {
+		r, about, err := serve(ctx, caller, about, data)
+		if err != nil {
+			return nil, about, err
+		}
+		return r, about, nil
 	}
 }

@@ -22,7 +22,6 @@ var unimplementedEndpoints = []struct {
 	endpoint string
 	body     string
 }{
-	{subjects.EndpointRunRevoke, `{}`},
 	{subjects.EndpointSupervisorAssign, `{}`},
 	{subjects.EndpointSupervisorAuthority, `{}`},
 	{subjects.EndpointSupervisorEnd, `{}`},

@@ -106,7 +106,8 @@ func hostileBodies(t *testing.T) []hostileCase {
 	}
 	add("an operation of the original", raw(with(base(), "operation", "retire", "registrationProof", "sha256:"+strings.Repeat("0", 64))), "unimplemented")
 	add("a key of the original", raw(with(base(), "contractArtifacts", []any{})), "unimplemented")
-	add("a run kind", `{"kind":"manager-run-attempt"}`, "unimplemented")
+	bad("a run kind and nothing else", `{"kind":"manager-run-attempt"}`)
+	bad("a run status of another kind", `{"kind":"manager-run-status","v":1,"space":"default","runId":"x"}`)
 	if len(cases) < 150 {
 		t.Fatalf("got %d hostile bodies, want at least 150", len(cases))
 	}

@@ -179,10 +179,10 @@ func refusalCases() []refusalCase {
 		{name: "stale epoch", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "processEpoch", 5) }, code: "conflict"},
 
 		// Out of scope.
-		{name: "renewRunDriver", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renewRunDriver"), "run", map[string]any{}) }, code: "unimplemented"},
+		{name: "renewRunDriver without a hold", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renewRunDriver"), "run", map[string]any{}) }, code: "bad-request"},
 		{name: "contractArtifacts", scope: supervise, state: "prepared", build: func(c *refusalCtx) any { return with(c.activate(), "contractArtifacts", []any{}) }, code: "unimplemented"},
 		{name: "session operation", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "operation", "session") }, code: "unimplemented"},
-		{name: "run attempt kind", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "kind", "manager-run-attempt") }, code: "unimplemented"},
+		{name: "a renewal sent as a run attempt", scope: supervise, state: "activated", build: func(c *refusalCtx) any { return with(c.renewal("renew"), "kind", "manager-run-attempt") }, code: "bad-request"},
 	}
 }
 

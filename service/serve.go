@@ -59,6 +59,9 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 		Account:              p.keys.Data.Public(),
 		Gates:                p.stores.Auth,
 		Ledger:               p.stores.Actors,
+		Admissions:           p.stores.Admission,
+		Statuses:             p.stores.RunStatus,
+		Witness:              p.stores,
 		Pipeline:             pipeline,
 		ProofKey:             proofKey,
 		StandingTTL:          cfg.StandingTTL,
@@ -72,7 +75,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 	}
 	fns := map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
-		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
+		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
 		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
 		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
 		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
@@ -83,6 +86,11 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 			return nil, err
 		}
 		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
+		if err == nil {
+			// A round trip: the broker holds every subscription before anyone counts on them
+			// (a caller after Start, the old generation about to stop).
+			err = nc.FlushTimeout(p.cfg.RequestTimeout)
+		}
 		s := &serving{nc: nc, svcs: svcs}
 		if err != nil {
 			return nil, errors.Join(err, p.retire(s))

@@ -109,12 +109,12 @@ func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
 // mint's commit) is retried at the new revision; any change of content means a fence writer got
 // there first: ErrMoved. Fence writers give every write fresh bytes (a nonce), so a row never
 // returns to bytes it once had, and unchanged bytes prove no fence write landed in between.
-func (o *Observed[T]) Commit(ctx context.Context) error {
+// It returns the fence as committed: the bytes observed, at the commit's revision.
+func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 	if o.Absent() {
-		return fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
+		return nil, fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
 	}
-	_, err := o.put(ctx, o.Raw)
-	return err
+	return o.put(ctx, o.Raw)
 }
 
 // Write replaces the row observed with next, pinned to the revision observed (create-only

@@ -87,7 +87,7 @@ func TestObserveTellsAbsentFromPresentAndRefusesMarkersAndJunk(t *testing.T) {
 
 func TestCommitLandsOnAnUnchangedRowWithTheBytesAsRead(t *testing.T) {
 	_, f, o := setup(t, fresh("open", 0))
-	if err := o.Commit(ctx(t)); err != nil {
+	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatalf("got %v, want the commit to land", err)
 	}
 	now, err := f.Observe(ctx(t))
@@ -101,10 +101,10 @@ func TestCommitLandsOnAnUnchangedRowWithTheBytesAsRead(t *testing.T) {
 
 func TestCommitRetriesWhenAnotherCommitRewroteTheSameBytes(t *testing.T) {
 	_, _, o := setup(t, fresh("open", 0))
-	if err := o.Commit(ctx(t)); err != nil {
+	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Commit(ctx(t)); err != nil {
+	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatalf("got %v, want a retry at the new revision to land", err)
 	}
 }
@@ -114,7 +114,7 @@ func TestCommitIsRefusedOnceAFenceWriterChangedTheRow(t *testing.T) {
 	if _, err := o.Write(ctx(t), fresh("frozen", 0)); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
+	if _, err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
 		t.Fatalf("got %v, want ErrMoved", err)
 	}
 }
@@ -124,7 +124,7 @@ func TestCommitOnAnAbsentObservationIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
+	if _, err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
 		t.Fatalf("got %v, want ErrMoved: a commit needs a row to pin", err)
 	}
 }
@@ -134,7 +134,7 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 		t.Run(fmt.Sprintf("write landed %v", lands), func(t *testing.T) {
 			kv, _, o := setup(t, fresh("open", 0))
 			kv.Fault = storetest.FailOnce(lands)
-			if err := o.Commit(ctx(t)); err != nil {
+			if _, err := o.Commit(ctx(t)); err != nil {
 				t.Fatalf("got %v, want the commit settled and landed", err)
 			}
 		})
@@ -190,7 +190,7 @@ func TestWriteFromAbsentLosesToAConcurrentCreate(t *testing.T) {
 func TestWriteRetriesPastACommitAndLosesToAFenceWriter(t *testing.T) {
 	_, _, o := setup(t, fresh("open", 0))
 	// A mint commits (same bytes): the write still lands.
-	if err := o.Commit(ctx(t)); err != nil {
+	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	n, err := o.Write(ctx(t), fresh("open", 1))
@@ -210,7 +210,7 @@ func TestAMarkerIsFinalForEveryVerb(t *testing.T) {
 	kv, f, o := setup(t, fresh("open", 0))
 	kv.Delete("k")
 	start := time.Now()
-	if err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrGone) {
+	if _, err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrGone) {
 		t.Fatalf("commit: got %v, want ErrGone", err)
 	}
 	absent := storetest.New()

@@ -40,7 +40,7 @@ func TestEveryGateWriteGetsAFreshNonceSoAStaleCommitCannotLand(t *testing.T) {
 	if a.Row.Nonce == b.Row.Nonce || string(a.Raw) == string(b.Raw) {
 		t.Fatal("two fence writes of the same row produced the same bytes; a stale commit could land between them")
 	}
-	if err := a.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
+	if _, err := a.Commit(ctx(t)); !errors.Is(err, fence.ErrMoved) {
 		t.Fatalf("a commit observed before the second write: got %v, want fence.ErrMoved", err)
 	}
 	if b.Key() != subjects.GateKey(subjects.GateEndpointManager, "i") {

@@ -57,7 +57,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Watch(ctx(t), kv, g) }()
 	// A mint's commit (the same bytes) does not fence.
-	if err := g.Commit(ctx(t)); err != nil {
+	if _, err := g.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Register(ctx(t), kv, iid); err != nil {

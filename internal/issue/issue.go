@@ -50,7 +50,10 @@ type Step struct {
 
 // Unchanged is the step that commits on fence o exactly as it was observed before signing.
 func Unchanged[T any](o *fence.Observed[T]) Step {
-	return Step{Fence: o.Key(), Commit: o.Commit}
+	return Step{Fence: o.Key(), Commit: func(ctx context.Context) error {
+		_, err := o.Commit(ctx)
+		return err
+	}}
 }
 
 // Replaced is the step that commits on fence o by writing next over the row observed before

@@ -207,7 +207,7 @@ func TestASecondFenceThatMovesAfterSigningDiscardsTheMintAndTheFirstCommitIsHarm
 	if now.Revision == e.first.Revision || string(now.Raw) != string(e.first.Raw) {
 		t.Fatalf("first fence: got revision %d bytes %s, want its commit as read", now.Revision, now.Raw)
 	}
-	if err := e.first.Commit(ctx(t)); err != nil {
+	if _, err := e.first.Commit(ctx(t)); err != nil {
 		t.Fatalf("a later commit on the first fence: got %v, want it to land", err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
@@ -22,9 +21,14 @@ type Engine struct {
 	Space string
 	// Account is the data account's public key: the issuer account of every credential.
 	Account string
-	// Gates is the fence bucket; Ledger the actors bucket.
-	Gates  fence.KV
-	Ledger fence.KV
+	// Gates is the fence bucket (gates, run fences); Ledger the actors bucket; Admissions the
+	// create-only bucket of run admissions, revocation markers and witness markers; Statuses
+	// the run-status bucket; Witness the run-starts witnessed.
+	Gates      fence.KV
+	Ledger     fence.KV
+	Admissions fence.KV
+	Statuses   fence.KV
+	Witness    Witness
 	// Pipeline mints: every credential this engine issues goes through it.
 	Pipeline *issue.Pipeline
 	// ProofKey keys the registration proofs (ProofKey).
@@ -55,13 +59,17 @@ const ExecutorTTL = 5 * time.Minute
 // permission-denied (scope, owner, space, account, identities, proof, an ended supervision),
 // failed-precondition (no gate, a frozen or retired gate, a delete marker), conflict (stale
 // epoch, gate moved before commit), unavailable and resource-exhausted (stores).
-func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.Material, audit.Request, error) {
+//
+// The reply is a *client.Material, or for renewRunDriver a *client.RunMaterial.
+func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audit.Request, data []byte) (any, audit.Request, error) {
 	req, err := Parse(data)
 	if req != nil {
+		about = describe(about, &req.Envelope)
 		about.Kind = Kind
 		about.Operation = keepIf(req.Operation, knownOperations[req.Operation])
-		about.InstanceID = keepIf(req.InstanceID, subjects.ValidUID(req.InstanceID))
-		about.RequestID = keepIf(req.RequestID, subjects.ValidRequestID(req.RequestID))
+		if req.Run != nil {
+			about.RunID = keepIf(req.Run.RunID, subjects.ValidRunID(req.Run.RunID))
+		}
 	}
 	if err != nil {
 		return nil, about, err
@@ -72,28 +80,21 @@ func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audi
 	if req.Space != e.Space {
 		return nil, about, fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", req.Space, e.Space)
 	}
-	var m *client.Material
+	var reply any
 	switch req.Operation {
 	case OpPrepare:
-		m, err = e.prepare(ctx, caller, req, about)
+		reply, err = e.prepare(ctx, caller, req, about)
 	case OpActivate:
-		m, err = e.activate(ctx, caller, req, about)
+		reply, err = e.activate(ctx, caller, req, about)
+	case OpRenewRunDriver:
+		reply, err = e.renewRunDriver(ctx, caller, req, about)
 	default:
-		m, err = e.renew(ctx, caller, req, about)
+		reply, err = e.renew(ctx, caller, req, about)
 	}
-	return m, about, err
-}
-
-var knownOperations = map[string]bool{
-	OpPrepare: true, OpActivate: true, OpRenew: true, OpRenewStandingBundle: true, OpRenewRunDriver: true,
-	"session": true, "retire": true, "transferReader": true,
-}
-
-func keepIf(s string, ok bool) string {
-	if ok {
-		return s
+	if err != nil {
+		return nil, about, err
 	}
-	return ""
+	return reply, about, nil
 }
 
 // requireSupervise refuses the caller unless its ledger row, read now, holds `supervise`.
@@ -213,7 +214,7 @@ func checkOwnGate(g *gate.Gate, owner, iid string) error {
 
 // checkRegistration refuses identities or a lifecycle other than the registration's: a valid
 // proof must not mint for other nkeys.
-func checkRegistration(g *gate.Gate, req *Request) error {
+func checkRegistration(g *gate.Gate, req *client.Envelope) error {
 	reg := g.Row.Registration
 	if reg == nil {
 		return fault.New(fault.FailedPrecondition, "instance %s carries no registration; prepare it first", req.InstanceID)
@@ -240,7 +241,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 		return nil, err
 	}
-	if err := checkRegistration(g, req); err != nil {
+	if err := checkRegistration(g, &req.Envelope); err != nil {
 		return nil, err
 	}
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
@@ -259,47 +260,9 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 // principal with `supervise`, or for the instance's own supervisor or executor, whose preparer
 // must still hold `supervise`.
 func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	ownDuty := caller.Actor == subjects.SupervisorActor(req.InstanceID) || caller.Actor == subjects.ExecutorActor(req.InstanceID)
-	if !ownDuty {
-		if err := e.requireSupervise(ctx, caller); err != nil {
-			return nil, err
-		}
-	}
-	if *req.AccountPublicKey != e.Account {
-		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")
-	}
-	g, err := e.registered(ctx, req.InstanceID)
+	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope)
 	if err != nil {
 		return nil, err
-	}
-	if err := checkOpen(g, req.InstanceID); err != nil {
-		return nil, err
-	}
-	if err := checkOwner(g, caller.Owner, req.InstanceID); err != nil {
-		return nil, err
-	}
-	if *req.ProcessEpoch != g.Row.ProcessEpoch {
-		return nil, fault.New(fault.Conflict, "processEpoch is stale: instance %s is at epoch %d", req.InstanceID, g.Row.ProcessEpoch)
-	}
-	if err := checkRegistration(g, req); err != nil {
-		return nil, err
-	}
-	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelCurrent, e.Space, caller.Owner, req.InstanceID, g.Row)) {
-		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the current proof of instance %s", req.InstanceID)
-	}
-	if ownDuty {
-		// Behind an instance's own duties stands a person: whoever prepared it must still hold
-		// supervise, read now.
-		o, a, ok := strings.Cut(g.Row.Registration.PreparedBy, ".")
-		if !ok {
-			return nil, fault.New(fault.Internal, "the registration of instance %s names no preparer", req.InstanceID)
-		}
-		// The refusal names no one: the preparer is not the caller of this request.
-		if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
-			return nil, err
-		} else if !ok {
-			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", req.InstanceID, ledger.Supervise)
-		}
 	}
 	duties := []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor}
 	if req.Operation == OpRenewStandingBundle {
@@ -314,25 +277,11 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // clamped to its assignment's end, and refused once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
-	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}
-	plan := issue.Plan{Request: about, Steps: steps}
-	for _, d := range duties {
-		actor, perms, err := subjects.PermissionsOf(d, holder)
-		if err != nil {
-			return nil, fault.Wrap(fault.Internal, err, "no permissions for duty %s", d)
-		}
-		ttl := e.StandingTTL
-		if d == subjects.DutyExecutor {
-			ttl = min(ttl, ExecutorTTL)
-		}
-		plan.Grants = append(plan.Grants, issue.Grant{Duty: d, Key: req.Identities.Of(d),
-			Principal: subjects.Principal(owner, actor), TTL: ttl, Permissions: perms})
+	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
+	if err != nil {
+		return nil, err
 	}
-	if row.SupervisedUntil != 0 {
-		plan.Ceiling = issue.Ceiling{At: time.Unix(row.SupervisedUntil, 0),
-			What: fmt.Sprintf("the platform supervisor assignment instance %s was prepared under", iid)}
-	}
-	issued, err := e.Pipeline.Issue(ctx, plan)
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(row, iid), Steps: steps})
 	if err != nil {
 		return nil, err
 	}
@@ -352,4 +301,31 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 		m.Credentials[string(c.Duty)] = client.Credential{JWT: c.JWT, Exp: c.Exp}
 	}
 	return m, nil
+}
+
+// grants are the credentials of duties for holder, each for the key keyOf names for it.
+func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string, duties ...subjects.Duty) ([]issue.Grant, error) {
+	var out []issue.Grant
+	for _, d := range duties {
+		actor, perms, err := subjects.PermissionsOf(d, holder)
+		if err != nil {
+			return nil, fault.Wrap(fault.Internal, err, "no permissions for duty %s", d)
+		}
+		ttl := e.StandingTTL
+		if d == subjects.DutyExecutor {
+			ttl = min(ttl, ExecutorTTL)
+		}
+		out = append(out, issue.Grant{Duty: d, Key: keyOf(d), Principal: subjects.Principal(holder.Owner, actor), TTL: ttl, Permissions: perms})
+	}
+	return out, nil
+}
+
+// ceiling is what a supervised instance's every credential is clamped to: the end of the
+// platform supervisor assignment it was prepared under (DESIGN §6.5), whatever door or duty.
+func ceiling(row gate.Row, iid string) issue.Ceiling {
+	if row.SupervisedUntil == 0 {
+		return issue.Ceiling{}
+	}
+	return issue.Ceiling{At: time.Unix(row.SupervisedUntil, 0),
+		What: fmt.Sprintf("the platform supervisor assignment instance %s was prepared under", iid)}
 }

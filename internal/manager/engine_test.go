@@ -88,8 +88,11 @@ func (env *engineEnv) serve(t *testing.T, data []byte) (*client.Material, error)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m, _, err := env.e.ServiceAuthority(ctx, Caller{Owner: testOwner, Actor: "cli"}, audit.Request{}, data)
-	return m, err
+	reply, _, err := env.e.ServiceAuthority(ctx, Caller{Owner: testOwner, Actor: "cli"}, audit.Request{}, data)
+	if err != nil {
+		return nil, err
+	}
+	return reply.(*client.Material), nil
 }
 
 // recorded returns the minted records and the audit decisions written so far.

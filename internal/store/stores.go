@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -86,6 +87,23 @@ func (s *Stores) Append(ctx context.Context, subject string, data []byte, msgID 
 		return fmt.Errorf("append %s: %w", subject, Classify(err))
 	}
 	return nil
+}
+
+// Witnessed reports whether the witness stream holds a run-start published on subject (a
+// leader read): one a caller published within the stream's five minutes.
+func (s *Stores) Witnessed(ctx context.Context, subject string) (bool, error) {
+	st, err := s.js.Stream(ctx, subjects.WitnessStream(s.Space))
+	if err != nil {
+		return false, Classify(err)
+	}
+	_, err = st.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	case err != nil:
+		return false, Classify(err)
+	}
+	return true, nil
 }
 
 // OpenBucket opens one existing bucket without ensuring anything: for tools that connect to a

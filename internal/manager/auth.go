@@ -1,0 +1,75 @@
+package manager
+
+import (
+	"context"
+	"strings"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// authorizeCurrent authorizes a request past activate (a renewal, a run's admission or
+// attempt) from caller for an instance of the caller's owner, and returns its gate as read.
+// The caller holds `supervise`, or is the instance's own supervisor or executor, behind whom
+// stands a person: whoever prepared it must still hold `supervise`, read now. Then the
+// manager's registration must authenticate the request.
+func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope) (*gate.Gate, error) {
+	iid := env.InstanceID
+	ownDuty := caller.Actor == subjects.SupervisorActor(iid) || caller.Actor == subjects.ExecutorActor(iid)
+	if !ownDuty {
+		if err := e.requireSupervise(ctx, caller); err != nil {
+			return nil, err
+		}
+	}
+	g, err := e.authenticate(ctx, caller.Owner, env)
+	if err != nil {
+		return nil, err
+	}
+	if ownDuty {
+		o, a, ok := strings.Cut(g.Row.Registration.PreparedBy, ".")
+		if !ok {
+			return nil, fault.New(fault.Internal, "the registration of instance %s names no preparer", iid)
+		}
+		// The refusal names no one: the preparer is not the caller of this request.
+		if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
+			return nil, err
+		} else if !ok {
+			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", iid, ledger.Supervise)
+		}
+	}
+	return g, nil
+}
+
+// authenticate checks env against the registration of owner's instance (the original's
+// renewal authorizer): this space's data account, the gate registered, open and owner's, the
+// process epoch current, the identities and lifecycle the registered ones, and the current
+// proof, compared in constant time. It returns the gate as read.
+func (e *Engine) authenticate(ctx context.Context, owner string, env *client.Envelope) (*gate.Gate, error) {
+	iid := env.InstanceID
+	if *env.AccountPublicKey != e.Account {
+		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")
+	}
+	g, err := e.registered(ctx, iid)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkOpen(g, iid); err != nil {
+		return nil, err
+	}
+	if err := checkOwner(g, owner, iid); err != nil {
+		return nil, err
+	}
+	if *env.ProcessEpoch != g.Row.ProcessEpoch {
+		return nil, fault.New(fault.Conflict, "processEpoch is stale: instance %s is at epoch %d", iid, g.Row.ProcessEpoch)
+	}
+	if err := checkRegistration(g, env); err != nil {
+		return nil, err
+	}
+	if !proofEqual(*env.RegistrationProof, proof(e.ProofKey, labelCurrent, e.Space, owner, iid, g.Row)) {
+		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the current proof of instance %s", iid)
+	}
+	return g, nil
+}

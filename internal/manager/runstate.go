@@ -1,0 +1,220 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// What the plane keeps of a run (DESIGN §6.3, §6.4): its admission and revocation marker
+// (create-only, in the admission bucket), its run fence (the plane's, in the fence bucket) and
+// its status (in the run-status bucket).
+
+// Witness says whether a run-start subject was witnessed: captured, within its five minutes, by
+// the witness stream.
+type Witness interface {
+	Witnessed(ctx context.Context, subject string) (bool, error)
+}
+
+// runFence is `runfence.manager.<runId>`: who holds the run. Created at the first attempt,
+// advanced by CAS at each takeover, set revoked by a revocation; every write stamps a fresh
+// nonce, so a run mint commits on it only if nothing moved it since it was read. No minted
+// credential can write it.
+type runFence struct {
+	V            int    `json:"v"`
+	RunID        string `json:"runId"`
+	InstanceID   string `json:"instanceId"`
+	Holder       string `json:"holder"`
+	TakeoverID   string `json:"takeoverId"`
+	Epoch        uint64 `json:"epoch"`
+	FencingToken uint64 `json:"fencingToken"`
+	DriverID     string `json:"driverId"`
+	MediatorID   string `json:"mediatorId"`
+	Revoked      bool   `json:"revoked"`
+	Nonce        string `json:"nonce"`
+}
+
+// hold is what the fence says of who holds the run.
+func (f runFence) hold() client.RunHold {
+	return client.RunHold{RunID: f.RunID, Holder: f.Holder, TakeoverID: f.TakeoverID, Epoch: f.Epoch,
+		FencingToken: f.FencingToken, DriverID: f.DriverID, MediatorID: f.MediatorID}
+}
+
+func (e *Engine) runFenceOf(runID string) *fence.Fence[runFence] {
+	return fence.New(e.Gates, subjects.RunFenceKey(runID), func(data []byte) (runFence, error) {
+		var f runFence
+		if err := body.Decode(data, &f); err != nil {
+			return runFence{}, err
+		}
+		if f.V != 1 || f.RunID != runID || f.Nonce == "" {
+			return runFence{}, errors.New("not a version 1 run fence of this run")
+		}
+		return f, nil
+	}, func(f *runFence) { f.Nonce = ids.Nonce() })
+}
+
+// observeRunFence reads a run's fence.
+func (e *Engine) observeRunFence(ctx context.Context, runID string) (*fence.Observed[runFence], error) {
+	o, err := e.runFenceOf(runID).Observe(ctx)
+	if err != nil {
+		return nil, fault.Store(err, "reading the run fence of %s", runID)
+	}
+	return o, nil
+}
+
+// revokedText is the refusal of anything for a revoked run.
+func revoked(runID string) *fault.Error {
+	return fault.New(fault.PermissionDenied, "run %s was revoked; it gets no admission, attempt or renewal", runID)
+}
+
+// runFenceStep is the commit step of a run mint on the run fence observed before signing: a
+// rewrite as read (next nil) or a takeover (next set). It reports the revision it committed at
+// into *rev. A fence that moved because the run was revoked refuses permission-denied.
+func (e *Engine) runFenceStep(o *fence.Observed[runFence], next *runFence, rev *uint64) issue.Step {
+	runID := o.Row.RunID
+	if o.Absent() && next != nil {
+		runID = next.RunID
+	}
+	return issue.Step{Fence: subjects.RunFenceKey(runID), Commit: func(ctx context.Context) error {
+		var done *fence.Observed[runFence]
+		var err error
+		if next != nil {
+			done, err = o.Write(ctx, *next)
+		} else {
+			done, err = o.Commit(ctx)
+		}
+		if errors.Is(err, fence.ErrMoved) {
+			if now, rerr := e.runFenceOf(runID).Observe(ctx); rerr == nil && now.Row.Revoked {
+				return revoked(runID)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		*rev = done.Revision
+		return nil
+	}}
+}
+
+// readAdmission reads a run's admission: nil when there is none.
+func (e *Engine) readAdmission(ctx context.Context, runID string) (*client.Admission, uint64, error) {
+	entry, err := e.Admissions.Get(ctx, subjects.AdmissionKey(runID))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, 0, nil
+	case err != nil:
+		return nil, 0, fault.Store(err, "reading the admission of run %s", runID)
+	}
+	var a client.Admission
+	if err := body.Decode(entry.Value, &a); err != nil || a.Version != 1 || a.RunID != runID {
+		return nil, 0, fault.New(fault.Internal, "the admission of run %s is malformed", runID)
+	}
+	return &a, entry.Revision, nil
+}
+
+// admittedHere reads a run's admission and refuses one that is missing or another instance's.
+func (e *Engine) admittedHere(ctx context.Context, runID, iid string) (*client.Admission, error) {
+	a, _, err := e.readAdmission(ctx, runID)
+	switch {
+	case err != nil:
+		return nil, err
+	case a == nil:
+		return nil, fault.New(fault.PermissionDenied, "run %s has no admission record", runID)
+	case a.InstanceID != iid || a.Space != e.Space:
+		return nil, fault.New(fault.PermissionDenied, "run %s was admitted for another manager instance", runID)
+	}
+	return a, nil
+}
+
+// readRevocation reads a run's revocation marker as stored: nil when there is none.
+func (e *Engine) readRevocation(ctx context.Context, runID string) ([]byte, error) {
+	entry, err := e.Admissions.Get(ctx, subjects.RevokedKey(runID))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fault.Store(err, "reading the revocation of run %s", runID)
+	}
+	return entry.Value, nil
+}
+
+// refuseRevoked refuses a run that carries a revocation marker.
+func (e *Engine) refuseRevoked(ctx context.Context, runID string) error {
+	marker, err := e.readRevocation(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if marker != nil {
+		return revoked(runID)
+	}
+	return nil
+}
+
+// runStatusOf is the fence of a run's status row.
+func (e *Engine) runStatusOf(runID string) *fence.Fence[client.RunStatusRecord] {
+	return fence.New(e.Statuses, subjects.RunStatusKey(runID), func(data []byte) (client.RunStatusRecord, error) {
+		var s client.RunStatusRecord
+		if err := body.Decode(data, &s); err != nil {
+			return client.RunStatusRecord{}, err
+		}
+		if s.V != 1 || !validState(s.State) {
+			return client.RunStatusRecord{}, fmt.Errorf("not a version 1 status (state %q)", s.State)
+		}
+		return s, nil
+	}, nil)
+}
+
+// readStatus reads a run's status (an absent observation when none was reported).
+func (e *Engine) readStatus(ctx context.Context, runID string) (*fence.Observed[client.RunStatusRecord], error) {
+	o, err := e.runStatusOf(runID).Observe(ctx)
+	if err != nil {
+		return nil, fault.Store(err, "reading the status of run %s", runID)
+	}
+	return o, nil
+}
+
+func validState(s string) bool {
+	return s == client.RunRunning || s == client.RunReleased || s == client.RunCompleted || s == client.RunFailed
+}
+
+func terminal(s string) bool { return s == client.RunCompleted || s == client.RunFailed }
+
+// createOnce writes value at key of the admission bucket if it was never written, and returns
+// what the key holds afterwards: value when it landed, or the first value written. A lost race
+// is not an error: the first write wins; a write of unknown outcome is settled by the fence.
+func (e *Engine) createOnce(ctx context.Context, key string, value []byte) ([]byte, uint64, error) {
+	f := fence.New(e.Admissions, key, func(b []byte) (json.RawMessage, error) { return b, nil }, nil)
+	o, err := f.Observe(ctx)
+	if err == nil && o.Absent() {
+		var landed *fence.Observed[json.RawMessage]
+		if landed, err = o.Write(ctx, json.RawMessage(value)); err == nil {
+			return landed.Raw, landed.Revision, nil
+		}
+		if errors.Is(err, fence.ErrMoved) { // another writer got there first: theirs stands
+			o, err = f.Observe(ctx)
+		}
+	}
+	if err != nil {
+		return nil, 0, fault.Store(err, "writing %s", key)
+	}
+	return o.Raw, o.Revision, nil
+}
+
+// encode is the JSON of a stored record.
+func encode(v any) []byte {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic("manager: a record does not marshal: " + err.Error())
+	}
+	return data
+}
