@@ -173,3 +173,36 @@ func TestREADMETryItWorksAsWritten(t *testing.T) {
 		t.Errorf("the README's prepare: got %s, want supervisor and executor credentials, a proof and the account", replies[1].Data)
 	}
 }
+
+// The README's revoke, its placeholders filled in from a live run, revokes it.
+func TestREADMERevokeExampleRevokesARun(t *testing.T) {
+	t.Parallel()
+	lines := readmeBlock(t, "## Workflow runs")
+	var example string
+	for _, line := range lines {
+		if strings.HasPrefix(line, "n req ") {
+			example = line
+		}
+	}
+	subject, body, ok := strings.Cut(strings.TrimPrefix(example, "n req "), " '")
+	if !ok || subject != "cotal.default.auth.run-revoke.$O.cli" {
+		t.Fatalf("README revoke example %q: want `n req cotal.default.auth.run-revoke.$O.cli '<body>'`", example)
+	}
+	body = strings.TrimSuffix(body, "'")
+
+	env := newRunEnv(t, startPlane(t, nil))
+	runID := env.admitted()
+	ids, err := json.Marshal(env.m.Identities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body = strings.NewReplacer("IID", env.m.iid, "UID", env.m.uid, "IDENTITIES", string(ids), "PROOF", env.cur.Proof,
+		"ACCOUNT", env.cur.Account, "RUN", runID).Replace(body)
+	o := ask(t, env.cli.Conn(), ownerA, "cli", subjects.EndpointRunRevoke, body)
+	if o.code != "" {
+		t.Fatalf("the README's revoke: got %s %q", o.code, o.message)
+	}
+	if m := markerOf(t, env.p, runID); !strings.Contains(string(m), "stopped by its owner") {
+		t.Fatalf("after the README's revoke: marker %s", m)
+	}
+}

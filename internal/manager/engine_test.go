@@ -66,9 +66,15 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
 	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
 	env.e = &Engine{Space: "default", Account: acctPub, Gates: env.gates, Ledger: actors, Pipeline: pipeline,
+		Admissions: storetest.New(), Statuses: storetest.New(), Witness: witnessAll{},
 		ProofKey: key, StandingTTL: 24 * time.Hour, MaxInstancesPerOwner: 3}
 	return env
 }
+
+// witnessAll witnesses every run-start: the unit tests of runs are not about the witness.
+type witnessAll struct{}
+
+func (witnessAll) Witnessed(context.Context, string) (bool, error) { return true, nil }
 
 func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 	t.Helper()
