@@ -74,13 +74,18 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 		return nil, fault.New(fault.PermissionDenied, "run.subject is not a run-start subject of space %s", e.Space)
 	case start.Route == subjects.RouteInst && start.Instance != iid:
 		return nil, fault.New(fault.PermissionDenied, "run.subject names another manager instance")
-	case start.Owner != caller.Owner:
-		return nil, fault.New(fault.PermissionDenied, "run.subject was published by a caller of another owner than this manager's")
 	}
 	if witnessed, err := e.Witness.Witnessed(ctx, subject); err != nil {
 		return nil, fault.Store(err, "reading the witness")
 	} else if !witnessed {
 		return nil, fault.New(fault.PermissionDenied, "run.subject was not witnessed: no run-start was published on it in the last five minutes")
+	}
+	marker := encode(map[string]any{"v": 1, "runId": runID, "subject": subject})
+	if entry, err := e.Admissions.Get(ctx, subjects.WitnessMarkerKey(subject)); err == nil && string(entry.Value) != string(marker) {
+		return nil, errConsumed()
+	}
+	if start.Owner != caller.Owner {
+		return nil, fault.New(fault.PermissionDenied, "run.subject was published by a caller of another owner than this manager's")
 	}
 	row, found, err := ledger.Read(ctx, e.Ledger, start.Owner, start.Actor)
 	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
@@ -89,11 +94,12 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	if found && row.LifecycleUID != "" && row.LifecycleUID != start.UID {
 		return nil, fault.New(fault.PermissionDenied, "run.subject names a lifecycle its caller no longer has")
 	}
-	marker := encode(map[string]any{"v": 1, "runId": runID, "subject": subject})
+	// The witness is consumed here, once: the first marker stands, and a replica that lost
+	// the race reads the other run's.
 	if got, _, err := e.createOnce(ctx, subjects.WitnessMarkerKey(subject), marker); err != nil {
 		return nil, err
 	} else if string(got) != string(marker) {
-		return nil, fault.New(fault.PermissionDenied, "run.subject was already consumed by another admission")
+		return nil, errConsumed()
 	}
 	a := &client.Admission{Version: 1, Space: e.Space, Endpoint: subjects.GateEndpointManager, RunID: runID, InstanceID: iid,
 		Caller:  client.AdmittedCaller{Owner: start.Owner, Actor: start.Actor, UID: start.UID, Generation: start.Generation},
@@ -261,4 +267,9 @@ func checkRun(caller Caller, env *client.Envelope, kind, space string) error {
 		return fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", env.Space, space)
 	}
 	return nil
+}
+
+// errConsumed refuses a run-start another admission consumed.
+func errConsumed() *fault.Error {
+	return fault.New(fault.PermissionDenied, "run.subject was already consumed by another admission")
 }
