@@ -7,7 +7,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ledger"
@@ -28,26 +27,27 @@ var errAlreadyRevoked = errors.New("run fence already revoked")
 // succeeds with the original marker byte for byte. Then it sets the run fence revoked, so a run
 // mint in flight cannot commit after it.
 func (e *Engine) RevokeRun(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.RevokeReply, audit.Request, error) {
-	var req client.RunRevoke
-	err := body.Decode(data, &req)
-	if err == nil {
-		about = describe(about, &req.Envelope)
-		about.RunID = keepIf(req.Revoke.RunID, subjects.ValidRunID(req.Revoke.RunID))
-		err = checkRun(caller, &req.Envelope, client.KindRunRevoke, e.Space)
-	}
-	if err == nil {
-		switch r := req.Revoke; {
-		case !subjects.ValidRunID(r.RunID):
-			err = fault.Field("revoke.runId", "want run- followed by 32 lowercase hex")
-		case strings.TrimSpace(r.Reason) == "" || len(r.Reason) > maxReason:
-			err = fault.Field("revoke.reason", "want a reason of 1 to %d bytes", maxReason)
-		}
-	}
+	var req revokeRequest
+	about, err := e.parseRun(caller, about, data, client.KindRunRevoke, &req)
 	if err != nil {
 		return nil, about, err
 	}
-	reply, err := e.revoke(ctx, caller, &req)
+	reply, err := e.revoke(ctx, caller, &req.RunRevoke)
 	return reply, about, err
+}
+
+type revokeRequest struct{ client.RunRevoke }
+
+func (r *revokeRequest) envelope() *client.Envelope { return &r.Envelope }
+func (r *revokeRequest) runID() string              { return r.Revoke.RunID }
+func (r *revokeRequest) checkOwn() error {
+	switch {
+	case !subjects.ValidRunID(r.Revoke.RunID):
+		return fault.Field("revoke.runId", "want run- followed by 32 lowercase hex")
+	case strings.TrimSpace(r.Revoke.Reason) == "" || len(r.Revoke.Reason) > maxReason:
+		return fault.Field("revoke.reason", "want a reason of 1 to %d bytes", maxReason)
+	}
+	return nil
 }
 
 func (e *Engine) revoke(ctx context.Context, caller Caller, req *client.RunRevoke) (*client.RevokeReply, error) {

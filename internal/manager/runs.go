@@ -27,25 +27,12 @@ const maxSubject = 512
 // create-only marker and the admission written create-only: two replicas agree on "once", and
 // anything else admitted under the run id is `conflict`.
 func (e *Engine) Admit(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.AdmissionReply, audit.Request, error) {
-	var req client.RunAdmission
-	err := body.Decode(data, &req)
-	if err == nil {
-		about = describe(about, &req.Envelope)
-		about.RunID = keepIf(req.Run.RunID, subjects.ValidRunID(req.Run.RunID))
-		err = checkRun(caller, &req.Envelope, client.KindRunAdmission, e.Space)
-	}
-	if err == nil {
-		switch {
-		case !subjects.ValidRunID(req.Run.RunID):
-			err = fault.Field("run.runId", "want run- followed by 32 lowercase hex")
-		case req.Run.Subject == "" || len(req.Run.Subject) > maxSubject:
-			err = fault.Field("run.subject", "want a run-start subject of at most %d bytes", maxSubject)
-		}
-	}
+	var req admissionRequest
+	about, err := e.parseRun(caller, about, data, client.KindRunAdmission, &req)
 	if err != nil {
 		return nil, about, err
 	}
-	reply, err := e.admit(ctx, caller, &req)
+	reply, err := e.admit(ctx, caller, &req.RunAdmission)
 	return reply, about, err
 }
 
@@ -121,21 +108,12 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 // carrying the current fence. It mints the run's driver and mediator and commits on the gate
 // and then the run fence, which it advances to this takeover.
 func (e *Engine) Attempt(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.RunMaterial, audit.Request, error) {
-	var req client.RunAttempt
-	err := body.Decode(data, &req)
-	if err == nil {
-		about = describe(about, &req.Envelope)
-		about.RunID = keepIf(req.Attempt.RunID, subjects.ValidRunID(req.Attempt.RunID))
-		err = checkRun(caller, &req.Envelope, client.KindRunAttempt, e.Space)
-	}
-	if err == nil {
-		a := req.Attempt
-		err = checkTakeover("attempt", a.RunID, a.TakeoverID, a.Epoch, a.FencingToken, a.DriverID, a.MediatorID, &req.Envelope)
-	}
+	var req attemptRequest
+	about, err := e.parseRun(caller, about, data, client.KindRunAttempt, &req)
 	if err != nil {
 		return nil, about, err
 	}
-	m, err := e.attempt(ctx, caller, &req, about)
+	m, err := e.attempt(ctx, caller, &req.RunAttempt, about)
 	return m, about, err
 }
 
@@ -246,6 +224,53 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 		m.Credentials[string(c.Duty)] = client.Credential{JWT: c.JWT, Exp: c.Exp}
 	}
 	return m, nil
+}
+
+// runRequest is a run request as the plane parses it: a closed body with an envelope, the run
+// it names, and its own keys to check.
+type runRequest interface {
+	envelope() *client.Envelope
+	runID() string
+	checkOwn() error
+}
+
+// parseRun decodes a closed run request of kind into req and checks it: its envelope, then its
+// own keys. about comes back describing it, whatever the outcome, with only what passed its
+// grammar.
+func (e *Engine) parseRun(caller Caller, about audit.Request, data []byte, kind string, req runRequest) (audit.Request, error) {
+	err := body.Decode(data, req)
+	if err == nil {
+		about = describe(about, req.envelope())
+		about.RunID = keepIf(req.runID(), subjects.ValidRunID(req.runID()))
+		err = checkRun(caller, req.envelope(), kind, e.Space)
+	}
+	if err == nil {
+		err = req.checkOwn()
+	}
+	return about, err
+}
+
+type admissionRequest struct{ client.RunAdmission }
+
+func (r *admissionRequest) envelope() *client.Envelope { return &r.Envelope }
+func (r *admissionRequest) runID() string              { return r.Run.RunID }
+func (r *admissionRequest) checkOwn() error {
+	switch {
+	case !subjects.ValidRunID(r.Run.RunID):
+		return fault.Field("run.runId", "want run- followed by 32 lowercase hex")
+	case r.Run.Subject == "" || len(r.Run.Subject) > maxSubject:
+		return fault.Field("run.subject", "want a run-start subject of at most %d bytes", maxSubject)
+	}
+	return nil
+}
+
+type attemptRequest struct{ client.RunAttempt }
+
+func (r *attemptRequest) envelope() *client.Envelope { return &r.Envelope }
+func (r *attemptRequest) runID() string              { return r.Attempt.RunID }
+func (r *attemptRequest) checkOwn() error {
+	a := r.Attempt
+	return checkTakeover("attempt", a.RunID, a.TakeoverID, a.Epoch, a.FencingToken, a.DriverID, a.MediatorID, &r.Envelope)
 }
 
 // checkRun checks the envelope of a run request: its head, the identities, the current proof,
