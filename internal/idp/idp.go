@@ -101,22 +101,10 @@ type Subject struct {
 // future and iat not, within Skew; a sub with no lone surrogate (JavaScript and Go would derive
 // different owners from it). Every failure says why, without echoing the token.
 func (v *Verifier) Verify(ctx context.Context, token string) (Subject, error) {
-	if len(token) > MaxToken {
-		return Subject{}, fmt.Errorf("the token is over %d bytes", MaxToken)
-	}
-	header, err := rawHeader(token)
+	kid, err := CheckHeader(token)
 	if err != nil {
 		return Subject{}, err
 	}
-	for _, forbidden := range []string{"jku", "jwk", "x5u", "x5c", "crit"} {
-		if _, ok := header[forbidden]; ok {
-			return Subject{}, fmt.Errorf("the token's header carries %s", forbidden)
-		}
-	}
-	if alg, _ := header["alg"].(string); alg != string(jose.EdDSA) {
-		return Subject{}, errors.New("the token is not signed with EdDSA")
-	}
-	kid, _ := header["kid"].(string)
 	key, err := v.key(ctx, kid)
 	if err != nil {
 		return Subject{}, err
@@ -186,6 +174,29 @@ func (v *Verifier) claims(payload []byte) (Subject, error) {
 		return Subject{}, err
 	}
 	return Subject{Sub: sub, Exp: exp}, nil
+}
+
+// CheckHeader checks what a compact JWS says of itself before any key is looked up: at most
+// MaxToken bytes, EdDSA, and no header that would bring its own key (jku, jwk, x5u, x5c) or
+// demand unknown processing (crit). It returns the kid ("" when there is none).
+func CheckHeader(token string) (kid string, err error) {
+	if len(token) > MaxToken {
+		return "", fmt.Errorf("the token is over %d bytes", MaxToken)
+	}
+	header, err := rawHeader(token)
+	if err != nil {
+		return "", err
+	}
+	for _, forbidden := range []string{"jku", "jwk", "x5u", "x5c", "crit"} {
+		if _, ok := header[forbidden]; ok {
+			return "", fmt.Errorf("the token's header carries %s", forbidden)
+		}
+	}
+	if alg, _ := header["alg"].(string); alg != string(jose.EdDSA) {
+		return "", errors.New("the token is not signed with EdDSA")
+	}
+	kid, _ = header["kid"].(string)
+	return kid, nil
 }
 
 // rawHeader decodes a compact token's protected header as it is, every parameter kept.
