@@ -41,7 +41,9 @@ func newKeys(t *testing.T) (*Keys, *clock) {
 	return k, c
 }
 
-func caller() Claims { return Claims{Owner: owner, Actor: "cli", Scope: []string{"supervise"}, View: ViewCaller} }
+func caller() Claims {
+	return Claims{Owner: owner, Actor: "cli", Scope: []string{"supervise"}, View: ViewCaller}
+}
 
 func TestABearerValidatesWithWhatItWasIssuedFor(t *testing.T) {
 	k, _ := newKeys(t)
