@@ -63,6 +63,12 @@ type Guard struct {
 
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
 
+// Refused records a refusal made before a call could be made of a request: a door that could
+// not yet name its caller ("_._").
+func (g *Guard) Refused(ctx context.Context, about audit.Request, refusal *fault.Error) {
+	g.Audit.Refused(ctx, about, refusal)
+}
+
 // ErrThrottled is the cause of a refusal by the rate limit: counted by the transport, not
 // recorded.
 var ErrThrottled = errors.New("throttled")

@@ -16,7 +16,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -42,6 +41,8 @@ type Info struct {
 	Epoch   uint64
 	NATSURL string
 	HTTPURL string
+	// PublicURL is the public face's URL, "" without one.
+	PublicURL string
 	// SpaceDir holds the space material; CreatedMaterial says this start wrote it.
 	SpaceDir        string
 	CreatedMaterial bool
@@ -154,23 +155,27 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
-	// The HTTP face comes up before the services and goes down after them, so /health tells
-	// the truth while the plane starts and while it drains.
-	if err := p.serveHTTP(); err != nil {
-		return nil, err
-	}
 
 	// One issuer for the data account: its signing key is derived once, for every user of it.
 	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.serveBus(dataIssuer); err != nil {
+	d, err := p.buildDoors(dataIssuer)
+	if err != nil {
+		return nil, err
+	}
+	// The HTTP face comes up before the services and goes down after them, so /health tells
+	// the truth while the plane starts and while it drains.
+	if err := p.serveHTTP(d.http); err != nil {
+		return nil, err
+	}
+	if err := p.serveBus(dataIssuer, d); err != nil {
 		return nil, err
 	}
 	p.watchFence()
 	if err := instance.WriteServiceInfo(cfg.Dir, instance.ServiceInfo{
-		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: ids.Secret(32),
+		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: d.http.Cap,
 	}); err != nil {
 		return nil, err
 	}

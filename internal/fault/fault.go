@@ -32,6 +32,11 @@ const (
 	Internal           Code = "internal"
 	Unimplemented      Code = "unimplemented"
 	Unavailable        Code = "unavailable"
+
+	// The HTTP face's own guards (DESIGN §7), before any body is judged.
+	MethodNotAllowed     Code = "method-not-allowed"
+	UnsupportedMediaType Code = "unsupported-media-type"
+	TooLarge             Code = "payload-too-large"
 )
 
 // wire is the one table: each code's `Nats-Service-Error-Code` number and HTTP status.
@@ -48,6 +53,10 @@ var wire = map[Code]struct{ numeric, status int }{
 	Internal:           {500, http.StatusInternalServerError},
 	Unimplemented:      {501, http.StatusNotImplemented},
 	Unavailable:        {503, http.StatusServiceUnavailable},
+
+	MethodNotAllowed:     {405, http.StatusMethodNotAllowed},
+	UnsupportedMediaType: {415, http.StatusUnsupportedMediaType},
+	TooLarge:             {413, http.StatusRequestEntityTooLarge},
 }
 
 // Known reports whether c is in the table.
