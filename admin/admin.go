@@ -168,19 +168,30 @@ func WriteCreds(path string, m *space.Keys, o CredsOptions, now time.Time) error
 // connecting to natsURL as a short-lived plane-account user. The plane must have created its
 // buckets (it has run once).
 func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
-	nc, err := ConnectPlaneAccount(m, natsURL, "grant")
+	kv, done, err := openBucket(ctx, m, natsURL, "grant", subjects.ActorsBucket(m.Space))
 	if err != nil {
 		return ledger.Row{}, err
 	}
-	defer nc.Close()
-	kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(m.Space))
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return ledger.Row{}, fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", subjects.ActorsBucket(m.Space), natsURL)
-	}
-	if err != nil {
-		return ledger.Row{}, err
-	}
+	defer done()
 	return ledger.SetScope(ctx, kv, owner, actor, scope, time.Now())
+}
+
+// openBucket opens one of the plane's buckets as a short-lived plane-account user; done closes
+// the connection.
+func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string) (*store.KV, func(), error) {
+	nc, err := ConnectPlaneAccount(m, natsURL, role)
+	if err != nil {
+		return nil, nil, err
+	}
+	kv, err := store.OpenBucket(ctx, nc, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, natsURL)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return kv, nc.Close, nil
 }
 
 // ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,

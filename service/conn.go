@@ -14,10 +14,18 @@ import (
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
 // account; every reconnect presents a newly signed JWT.
 func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
-	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, p.cfg.PlaneUserTTL)
+	auth, err := iss.Connect(p.userName(role), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
+	return p.dialWith(role, auth)
+}
+
+// userName is the name of the plane's own user of role.
+func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.identity.InstanceID }
+
+// dialWith opens one of the plane's own connections, authenticated by auth.
+func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
 	nc, err := nats.Connect(p.info.NATSURL, auth,
 		nats.Name("authplane "+role+" "+p.identity.InstanceID),
@@ -89,8 +97,11 @@ func (p *Plane) connected() bool {
 	if !p.storeNC.IsConnected() {
 		return false
 	}
-	s := p.serving.Load()
-	return s == nil || s.nc.IsConnected()
+	if s := p.serving.Load(); s != nil && !s.nc.IsConnected() {
+		return false
+	}
+	c := p.callout.Load()
+	return c == nil || c.IsConnected()
 }
 
 // drain drains nc and waits until it has closed, or closes it after timeout. A connection that

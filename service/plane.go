@@ -62,6 +62,7 @@ type Plane struct {
 	stores   *store.Stores
 	storeNC  *nats.Conn
 	serving  atomic.Pointer[serving]
+	callout  atomic.Pointer[nats.Conn]
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -171,6 +172,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	if err := p.serveBus(dataIssuer, d); err != nil {
+		return nil, err
+	}
+	if err := p.serveCallout(d.callout); err != nil {
 		return nil, err
 	}
 	p.watchFence()

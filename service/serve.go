@@ -26,9 +26,10 @@ type serving struct {
 // doors are what every call passes and what serves it, built once and served on the bus and on
 // HTTP: the guard, the issuance pipeline, every endpoint's handler, the HTTP doors.
 type doors struct {
-	guard *handlers.Guard
-	fns   map[string]handlers.Func
-	http  *handlers.HTTP
+	guard   *handlers.Guard
+	fns     map[string]handlers.Func
+	http    *handlers.HTTP
+	callout *handlers.Callout
 }
 
 // buildDoors builds the doors, the audit writer's summary flusher with them.
@@ -76,6 +77,11 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	}
 	if d.http, err = p.httpDoors(d); err != nil {
 		return nil, err
+	}
+	d.callout = &handlers.Callout{
+		Space: cfg.Space, Guard: d.guard, Keys: d.http.Keys, Ledger: p.stores.Actors, Pipeline: pipeline,
+		Account: p.keys.Callout.Public(), Signer: p.keys.Callout.Signer, XKey: p.keys.CalloutXKey,
+		Log: p.log.With("face", "callout"),
 	}
 	return d, nil
 }

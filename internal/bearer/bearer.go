@@ -240,3 +240,31 @@ func (k *Keys) Retire(ctx context.Context, kid string) error {
 	}
 	return nil
 }
+
+// Key describes one published key: its kid, whether it signs, when it was added and when it
+// stopped signing (zero while it signs), and when it may be retired.
+type Key struct {
+	KID     string
+	Active  bool
+	Added   time.Time
+	Stopped time.Time
+	Retire  time.Time
+}
+
+// List describes every published key, oldest first.
+func (k *Keys) List(ctx context.Context) ([]Key, error) {
+	s, err := k.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Key, 0, len(s.Keys))
+	for _, e := range s.Keys {
+		key := Key{KID: e.KID, Active: e.KID == s.Active, Added: time.Unix(e.AddedAt, 0)}
+		if e.Stopped != 0 {
+			key.Stopped = time.Unix(e.Stopped, 0)
+			key.Retire = key.Stopped.Add(RetireFloor)
+		}
+		out = append(out, key)
+	}
+	return out, nil
+}

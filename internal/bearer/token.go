@@ -106,18 +106,37 @@ func check(c Claims) error {
 	return nil
 }
 
+// ErrRefused is in the chain of every error of Validate that judges the bearer itself (not the
+// store it reads the key set from).
+var ErrRefused = errors.New("bearer refused")
+
+// refused is a judgement of the bearer: its message, and ErrRefused in its chain.
+type refused struct{ error }
+
+func (r refused) Is(target error) bool { return target == ErrRefused }
+
 // Validate checks a bearer for space, as the auth callout does: no key headers, EdDSA, a key
 // of the published set by kid, the exact issuer and audience, iat, nbf and exp present and
-// consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner.
+// consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
+// error that judges the bearer has ErrRefused in its chain; any other is the store's.
 func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error) {
 	kid, err := idp.CheckHeader(token)
 	if err != nil {
-		return Claims{}, err
+		return Claims{}, refused{err}
 	}
 	s, err := k.read(ctx)
 	if err != nil {
 		return Claims{}, err
 	}
+	c, err := k.judge(s, kid, space, token)
+	if err != nil {
+		return Claims{}, refused{err}
+	}
+	return c, nil
+}
+
+// judge checks a bearer against key set s.
+func (k *Keys) judge(s keySet, kid, space, token string) (Claims, error) {
 	i := slices.IndexFunc(s.Keys, func(e stored) bool { return e.KID == kid })
 	if i < 0 {
 		return Claims{}, errors.New("the bearer's kid is not a published key")

@@ -1,0 +1,223 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// The HTTP faces' harness: a plane with a public face trusting a test IdP, and a client that
+// speaks to the faces with net/http as any client would.
+
+// startFacesPlane starts a plane with a public face that trusts ip, changed by mutate (which
+// may be nil).
+func startFacesPlane(t testing.TB, ip *idptest.IdP, mutate func(*service.Config)) *testPlane {
+	t.Helper()
+	return startPlane(t, func(c *service.Config) {
+		c.PublicPort = 0
+		c.IdP = idp.Config{URL: ip.Server.URL, Issuer: ip.Issuer, Audience: ip.Audience, JWKS: ip.JWKS()}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+}
+
+// humanOwner is the owner the plane derives for sub at the test IdP.
+func humanOwner(t testing.TB, p *testPlane, ip *idptest.IdP, sub string) string {
+	t.Helper()
+	o, err := admin.Owner(p.Keys(), ip.Issuer, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// reply is one HTTP answer: its status, headers and body.
+type reply struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// field is a JSON field of the answer's body ("" when absent or not a string).
+func (r reply) field(name string) string {
+	var m map[string]any
+	if json.Unmarshal(r.Body, &m) != nil {
+		return ""
+	}
+	s, _ := m[name].(string)
+	return s
+}
+
+// code is the refusal's code.
+func (r reply) code() string { return r.field("code") }
+
+// post sends body (marshalled unless it is already []byte or a string) to url as JSON, with
+// headers.
+func post(t testing.TB, url string, body any, headers ...string) reply {
+	t.Helper()
+	var data []byte
+	switch b := body.(type) {
+	case []byte:
+		data = b
+	case string:
+		data = []byte(b)
+	default:
+		var err error
+		if data, err = json.Marshal(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
+// get fetches url.
+func get(t testing.TB, url string, headers ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
+func do(t testing.TB, req *http.Request) reply {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range resp.Header {
+		if strings.HasPrefix(strings.ToLower(name), "access-control-") {
+			t.Errorf("%s %s: header %s, want no CORS header ever", req.Method, req.URL, name)
+		}
+	}
+	return reply{Status: resp.StatusCode, Header: resp.Header, Body: raw}
+}
+
+// capHeader is the loopback capability of the plane whose state is in dir, as a header.
+func capHeader(t testing.TB, dir string) []string {
+	t.Helper()
+	info, err := admin.ReadServiceInfo(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"Authorization", "Bearer " + info.Cap}
+}
+
+// bundle is the discovery bundle as a client reads it.
+type bundle struct {
+	Space       string `json:"space"`
+	Server      string `json:"server"`
+	TLSRequired bool   `json:"tlsRequired"`
+	UserAuth    struct {
+		Provider string `json:"provider"`
+		IdP      struct {
+			URL      string `json:"url"`
+			Issuer   string `json:"issuer"`
+			Audience string `json:"audience"`
+		} `json:"idp"`
+		Endpoints struct {
+			URL                 string `json:"url"`
+			ManagerAuthorityURL string `json:"managerAuthorityUrl"`
+		} `json:"endpoints"`
+	} `json:"userAuth"`
+	SentinelCreds string `json:"sentinelCreds"`
+}
+
+// fetchBundle reads the bundle at the public face's well-known path.
+func fetchBundle(t testing.TB, publicURL string) bundle {
+	t.Helper()
+	r := get(t, publicURL+"/.well-known/cotal-mesh")
+	if r.Status != http.StatusOK {
+		t.Fatalf("bundle: got %d %s, want 200", r.Status, r.Body)
+	}
+	var b bundle
+	dec := json.NewDecoder(bytes.NewReader(r.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		t.Fatalf("bundle %s: %v", r.Body, err)
+	}
+	return b
+}
+
+// exchanged is `/exchange`'s answer.
+type exchanged struct {
+	Token string `json:"token"`
+	Owner string `json:"owner"`
+	Exp   int64  `json:"exp"`
+}
+
+// exchange posts body to the face at url's /exchange and wants a bearer.
+func exchange(t testing.TB, url string, body any, headers ...string) exchanged {
+	t.Helper()
+	r := post(t, url+"/exchange", body, headers...)
+	if r.Status != http.StatusOK {
+		t.Fatalf("exchange: got %d %s, want 200", r.Status, r.Body)
+	}
+	var e exchanged
+	if err := json.Unmarshal(r.Body, &e); err != nil || e.Token == "" {
+		t.Fatalf("exchange: %s: %v", r.Body, err)
+	}
+	return e
+}
+
+// bearerConnect connects to server through the auth callout: the bundle's sentinel creds, and
+// the bearer as the token.
+func bearerConnect(t testing.TB, b bundle, token, owner, actor string, opts ...nats.Option) (*nats.Conn, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sentinel.creds")
+	if err := os.WriteFile(path, []byte(b.SentinelCreds), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	all := append([]nats.Option{
+		nats.UserCredentials(path),
+		nats.Token(token),
+		nats.CustomInboxPrefix(subjects.InboxPrefix(owner, actor)),
+		nats.MaxReconnects(0),
+		nats.Timeout(5 * time.Second),
+	}, opts...)
+	nc, err := nats.Connect(b.Server, all...)
+	if err == nil {
+		t.Cleanup(nc.Close)
+	}
+	return nc, err
+}
+
+// grantCtx is a context for an admin call.
+func grantCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
