@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
@@ -79,20 +80,27 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// keys lists, rotates or retires the space's bearer keys.
+// keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
+// retire KID [flags]`.
 func keys(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: authplane keys [flags] list | rotate | retire KID\n")
+		fmt.Fprint(stderr, "usage: authplane keys list|rotate [flags]\n       authplane keys retire KID [flags]\n")
 		fs.PrintDefaults()
 	}
 	l := locateFlags(fs)
+	action, kid := "", ""
+	if len(args) > 0 {
+		action, args = args[0], args[1:]
+	}
+	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		kid, args = args[0], args[1:]
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	rest := fs.Args()
-	if len(rest) == 0 || (rest[0] == "retire") != (len(rest) == 2) || len(rest) > 2 {
+	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
 		fs.Usage()
 		return errUsage
 	}
@@ -111,7 +119,7 @@ func keys(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	switch rest[0] {
+	switch action {
 	case "list":
 		list, err := set.List(ctx)
 		if err != nil {
@@ -131,13 +139,10 @@ func keys(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "rotated: %s signs from now on; the previous key stays published (retire it no sooner than 1200 s from now)\n", kid)
 	case "retire":
-		if err := set.Retire(ctx, rest[1]); err != nil {
+		if err := set.Retire(ctx, kid); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "retired %s: the bearers it signed are refused from now on\n", rest[1])
-	default:
-		fs.Usage()
-		return errUsage
+		fmt.Fprintf(stdout, "retired %s: the bearers it signed are refused from now on\n", kid)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/cotal-ai/authplane/admin"
@@ -121,6 +122,9 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", info.InstanceID, info.Epoch)
 	fmt.Fprintf(w, "  nats      %s (%s)\n", info.NATSURL, broker)
 	fmt.Fprintf(w, "  http      %s/health\n", info.HTTPURL)
+	if info.PublicURL != "" {
+		fmt.Fprintf(w, "  public    %s/.well-known/cotal-mesh\n", strings.TrimSuffix(info.PublicURL, "/"))
+	}
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
