@@ -1,17 +1,24 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -138,4 +145,100 @@ func TestCalloutRefusesBadBearers(t *testing.T) {
 		t.Fatalf("a good bearer after the refusals: %v", err)
 	}
 	nc.Close()
+}
+
+// Every connection the callout makes is on record in `minted` (under no instance), and an ops
+// bearer — loopback only, for an admin — connects as an operator who may discover the service.
+func TestCalloutRecordsAndOpsView(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	var dir string
+	p := startFacesPlane(t, ip, func(c *service.Config) { dir = c.Dir })
+	owner := humanOwner(t, p, ip, "carol")
+	grant(t, p, owner, "ops", ledger.Admin)
+	b := fetchBundle(t, p.PublicURL())
+
+	body := map[string]any{"idpToken": ip.Token(t, ip.Claims("carol", time.Hour)), "actor": "ops", "view": "ops"}
+	if r := post(t, p.PublicURL()+"/exchange", body); r.Status != http.StatusForbidden || r.code() != "permission-denied" {
+		t.Fatalf("an ops view on the public face: got %d %s, want 403 permission-denied", r.Status, r.Body)
+	}
+	ex := exchange(t, p.HTTPURL(), body, capHeader(t, dir)...)
+	nc, err := bearerConnect(t, b, ex.Token, owner, "ops")
+	if err != nil {
+		t.Fatalf("connect with an ops bearer: %v", err)
+	}
+	if _, err := nc.Request("$SRV.PING."+subjects.ServiceName, nil, 5*time.Second); err != nil {
+		t.Fatalf("an ops connection pings the service: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := p.JS(t).Stream(ctx, subjects.MintedStream(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedSubject(testSpace, "", "*")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 1 {
+		t.Fatalf("minted records under no instance: got %v, want the one connection's", info.State.Subjects)
+	}
+	for subject := range info.State.Subjects {
+		var rec audit.Minted
+		readRecord(t, p, subjects.MintedStream(testSpace), subject, &rec)
+		if rec.Endpoint != handlers.EndpointCallout || rec.Caller != subjects.Principal(owner, "ops") || rec.Duty != string(subjects.DutyOps) || rec.Exp != ex.Exp {
+			t.Errorf("the connection's minted record: got %+v, want auth-callout, %s, ops, exp %d", rec, subjects.Principal(owner, "ops"), ex.Exp)
+		}
+	}
+}
+
+// The user the callout mints commits on its principal's ledger row as read: an agent revoked
+// between the check and the commit gets no connection, and the mint is recorded discarded.
+func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	var armed atomic.Bool
+	reached, release := make(chan struct{}), make(chan struct{})
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.Hooks = &service.Hooks{BeforeCommit: func() {
+			if armed.CompareAndSwap(true, false) {
+				close(reached)
+				<-release
+			}
+		}}
+	})
+	b := fetchBundle(t, p.PublicURL())
+	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := exchange(t, p.PublicURL(), map[string]any{"owner": ownerA, "actor": "racer", "actorToken": secret})
+
+	armed.Store(true)
+	connected := make(chan error, 1)
+	go func() {
+		nc, err := bearerConnect(t, b, ex.Token, ownerA, "racer")
+		if err == nil {
+			nc.Close()
+		}
+		connected <- err
+	}()
+	select {
+	case <-reached:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the callout's mint never reached its commit")
+	}
+	if _, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-connected; err == nil {
+		t.Fatal("an agent revoked before the callout's commit connected, want it refused")
+	}
+	var rec audit.Decision
+	readRecord(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "discarded", ownerA, "racer"), &rec)
+	if rec.Endpoint != handlers.EndpointCallout || rec.Code != "conflict" {
+		t.Errorf("the discarded record: got %+v, want auth-callout, conflict", rec)
+	}
 }
