@@ -48,6 +48,8 @@ type Config struct {
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
 	IdP idp.Config
+	// PProf exposes net/http/pprof on the loopback HTTP face (/debug/pprof/…); off by default.
+	PProf bool
 
 	// Replicas of every bucket and stream.
 	Replicas int

@@ -1,5 +1,5 @@
 // Command authplane is the Cotal authority plane: `authplane serve` (the default) runs it;
-// `init`, `creds`, `grant` and `nkeys` set up a space and its principals.
+// `init`, `creds`, `grant` and `nkeys` set up a space and its principals; `bench` measures it.
 package main
 
 import (
@@ -22,6 +22,7 @@ usage:
   authplane agent [flags]        give a managed agent a one-time exchange secret, or revoke it
   authplane keys list|rotate|retire KID
                                  list, rotate or retire the bearer keys /jwks publishes
+  authplane bench [flags]        measure a plane against its echo and mint ceilings
 
 Run 'authplane <command> -h' for a command's flags.
 `
@@ -56,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = agent(args, stdout, stderr)
 	case "keys":
 		err = keys(args, stdout, stderr)
+	case "bench":
+		err = benchCmd(args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
