@@ -4,9 +4,12 @@ package mint
 
 import (
 	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -120,15 +123,39 @@ func (i *Issuer) Sign(u User) (string, error) {
 	return token, nil
 }
 
-// verify decodes token (which checks its signature) and checks it says what was asked.
+// verify decodes token once and checks it says exactly what was asked: a JWT header for the
+// nkey algorithm, a user claim of this library's version, issued by the signing key for the
+// account, for the key, name and expiry asked, with exactly the permissions and limits asked, no
+// deny list, no response permission, not a bearer token, and a signature of the right size.
+//
+// It does not verify the signature itself: that is this issuer's own, made a moment ago with
+// its cached key, and verifying it cost three times the signing. Authority is in the claims,
+// and they are all compared; a wrong signature could only make the broker refuse the credential.
 func (i *Issuer) verify(token string, u User) error {
-	got, err := jwt.DecodeUserClaims(token)
+	head, rest, _ := strings.Cut(token, ".")
+	payload, sig, ok := strings.Cut(rest, ".")
+	if !ok || strings.Contains(sig, ".") {
+		return errors.New("not a JWT of three segments")
+	}
+	if head != jwtHeader {
+		return errors.New("not the JWT header of the nkey algorithm")
+	}
+	if s, err := base64.RawURLEncoding.DecodeString(sig); err != nil || len(s) != ed25519.SignatureSize {
+		return errors.New("the signature segment is not an Ed25519 signature")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(payload)
 	if err != nil {
-		return err
+		return fmt.Errorf("payload: %w", err)
+	}
+	var got jwt.UserClaims
+	if err := json.Unmarshal(raw, &got); err != nil {
+		return fmt.Errorf("payload: %w", err)
 	}
 	var vr jwt.ValidationResults
 	got.Validate(&vr)
 	switch {
+	case got.Type != jwt.UserClaim || got.Version != jwtVersion:
+		return fmt.Errorf("claim type %q version %d, want a user claim of version %d", got.Type, got.Version, jwtVersion)
 	case vr.IsBlocking(true):
 		return errors.Join(vr.Errors()...)
 	case got.Issuer != i.signerPub:
@@ -146,10 +173,24 @@ func (i *Issuer) verify(token string, u User) error {
 	}
 	want := jwt.NewUserClaims(u.Key)
 	u.Limits.apply(want)
-	if got.Limits.Subs != want.Limits.Subs || got.Limits.Payload != want.Limits.Payload {
+	if got.NatsLimits != want.NatsLimits || len(got.Src) != 0 || len(got.Times) != 0 || got.Locale != "" {
 		return errors.New("limits differ from the ones asked for")
 	}
 	return nil
+}
+
+// jwtHeader is the header every user JWT of jwt/v2 carries, encoded; jwtVersion the claim
+// version it writes.
+var jwtHeader = mustHeader()
+
+const jwtVersion = 2
+
+func mustHeader() string {
+	h, err := json.Marshal(jwt.Header{Type: jwt.TokenTypeJwt, Algorithm: jwt.AlgorithmNkey})
+	if err != nil {
+		panic("mint: the JWT header does not marshal: " + err.Error())
+	}
+	return base64.RawURLEncoding.EncodeToString(h)
 }
 
 // Connect returns a nats.Option that authenticates as a fresh, process-local user of this
