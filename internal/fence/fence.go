@@ -109,12 +109,29 @@ func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
 // mint's commit) is retried at the new revision; any change of content means a fence writer got
 // there first: ErrMoved. Fence writers give every write fresh bytes (a nonce), so a row never
 // returns to bytes it once had, and unchanged bytes prove no fence write landed in between.
-// It returns the fence as committed: the bytes observed, at the commit's revision.
+// It returns the fence as committed: the bytes observed, at the commit's revision. On a
+// Grouped bucket, concurrent commits of the same bytes share one CAS (see Grouped).
 func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 	if o.Absent() {
 		return nil, fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
 	}
-	return o.put(ctx, o.Raw)
+	g, grouped := o.fence.kv.(*Grouped)
+	if !grouped {
+		return o.put(ctx, o.Raw)
+	}
+	n, err := g.commit(ctx, o.Key(), o.Raw, o.Revision, func(ctx context.Context, rev uint64) (uint64, error) {
+		at := *o
+		at.Revision = rev
+		c, err := at.put(ctx, o.Raw)
+		if err != nil {
+			return 0, err
+		}
+		return c.Revision, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Observed[T]{Row: o.Row, Raw: o.Raw, Revision: n, fence: o.fence}, nil
 }
 
 // Write replaces the row observed with next, pinned to the revision observed (create-only

@@ -158,7 +158,7 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 	plan := e.plan(t)
 	var mintedAtFirstCommit int
 	first := plan.Steps[0]
-	plan.Steps[0].Commit = func(c context.Context) error {
+	plan.Steps[0].Commit = func(c context.Context) (uint64, error) {
 		_, mintedAtFirstCommit = e.decisions(t)
 		return first.Commit(c)
 	}
@@ -357,10 +357,10 @@ func TestAMintCommittedAsThePlaneWasFencedIsWithheldAndDiscarded(t *testing.T) {
 	e.p.Fenced = fenced.Load
 	plan := e.plan(t)
 	last := plan.Steps[1]
-	plan.Steps[1].Commit = func(c context.Context) error {
-		err := last.Commit(c)
+	plan.Steps[1].Commit = func(c context.Context) (uint64, error) {
+		rev, err := last.Commit(c)
 		fenced.Store(true) // the fence lands as the mint commits
-		return err
+		return rev, err
 	}
 	got, err := e.p.Issue(ctx(t), plan)
 	e.wantDiscarded(t, got, err, fault.Unavailable)
