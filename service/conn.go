@@ -24,10 +24,15 @@ func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) 
 // userName is the name of the plane's own user of role.
 func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.identity.InstanceID }
 
-// dialWith opens one of the plane's own connections, authenticated by auth.
+// dialWith opens one of the plane's own connections, authenticated by auth: in process to an
+// embedded broker, else to the cluster's URL.
 func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
-	nc, err := nats.Connect(p.info.NATSURL, auth,
+	opts := []nats.Option{auth}
+	if p.inProcess != nil {
+		opts = append(opts, p.inProcess)
+	}
+	nc, err := nats.Connect(p.info.NATSURL, append(opts,
 		nats.Name("authplane "+role+" "+p.identity.InstanceID),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -44,7 +49,7 @@ func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
 			}
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
 	}

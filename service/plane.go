@@ -61,8 +61,11 @@ type Plane struct {
 	gate     *gate.Gate
 	stores   *store.Stores
 	storeNC  *nats.Conn
-	serving  atomic.Pointer[serving]
-	callout  atomic.Pointer[nats.Conn]
+	// inProcess, with an embedded broker, connects the plane's own users in process: no
+	// socket between the plane and its stores. Nil against a cluster.
+	inProcess nats.Option
+	serving   atomic.Pointer[serving]
+	callout   atomic.Pointer[nats.Conn]
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -300,6 +303,7 @@ func (p *Plane) startBroker() error {
 	}
 	p.onClose("shut the embedded nats-server down", func() error { b.Shutdown(); return nil })
 	p.info.NATSURL, p.info.Embedded = b.ClientURL(), true
+	p.inProcess = nats.InProcessServer(b.Server())
 	return nil
 }
 
