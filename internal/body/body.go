@@ -41,7 +41,7 @@ func Decode(data []byte, v any) error {
 		if d.data[d.pos] != '{' {
 			return errNotObject
 		}
-		return d.object(rv.Elem(), "")
+		return d.object(rv.Elem())
 	})
 	switch {
 	case err == nil:

@@ -34,6 +34,8 @@ type decoder struct {
 	data  []byte
 	pos   int
 	depth int
+	// path leads to the value being read.
+	path []segment
 }
 
 // top reads the document's one value with fn, which starts at its first byte, and requires
@@ -99,46 +101,52 @@ func (d *decoder) members(fn func(key []byte) error) error {
 	if err := d.nest(); err != nil {
 		return err
 	}
-	d.ws()
-	if d.pos < len(d.data) && d.data[d.pos] == '}' {
-		d.pos++
-		d.depth--
-		return nil
-	}
-	for {
-		d.ws()
-		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
-			return errSyntax
-		}
-		key, err := d.strBytes()
-		if err != nil {
+	for first := true; ; first = false {
+		key, done, err := d.member(first)
+		if err != nil || done {
 			return err
-		}
-		if err := d.expect(':'); err != nil {
-			return err
-		}
-		d.ws()
-		if d.pos >= len(d.data) {
-			return errSyntax
 		}
 		if err := fn(key); err != nil {
 			return err
 		}
-		d.ws()
-		if d.pos >= len(d.data) {
-			return errSyntax
-		}
-		switch d.data[d.pos] {
-		case ',':
-			d.pos++
-		case '}':
-			d.pos++
-			d.depth--
-			return nil
-		default:
-			return errSyntax
-		}
 	}
+}
+
+// member reads up to the next member's value of an object entered with nest (first: its first
+// member), and returns its key, or done once the object has closed.
+func (d *decoder) member(first bool) (key []byte, done bool, err error) {
+	d.ws()
+	if d.pos >= len(d.data) {
+		return nil, false, errSyntax
+	}
+	switch c := d.data[d.pos]; {
+	case c == '}':
+		if !first && d.data[d.pos-1] == ',' {
+			return nil, false, errSyntax // a trailing comma
+		}
+		d.pos++
+		d.depth--
+		return nil, true, nil
+	case !first && c == ',':
+		d.pos++
+		d.ws()
+	case !first:
+		return nil, false, errSyntax
+	}
+	if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+		return nil, false, errSyntax
+	}
+	if key, err = d.strBytes(); err != nil {
+		return nil, false, err
+	}
+	if err := d.expect(':'); err != nil {
+		return nil, false, err
+	}
+	d.ws()
+	if d.pos >= len(d.data) {
+		return nil, false, errSyntax
+	}
+	return key, false, nil
 }
 
 // elements reads the array at d.pos, calling fn for element i with d.pos at its first byte.
@@ -146,35 +154,42 @@ func (d *decoder) elements(fn func(i int) error) error {
 	if err := d.nest(); err != nil {
 		return err
 	}
-	d.ws()
-	if d.pos < len(d.data) && d.data[d.pos] == ']' {
-		d.pos++
-		d.depth--
-		return nil
-	}
 	for i := 0; ; i++ {
-		d.ws()
-		if d.pos >= len(d.data) {
-			return errSyntax
+		done, err := d.element(i)
+		if err != nil || done {
+			return err
 		}
 		if err := fn(i); err != nil {
 			return err
 		}
-		d.ws()
-		if d.pos >= len(d.data) {
-			return errSyntax
-		}
-		switch d.data[d.pos] {
-		case ',':
-			d.pos++
-		case ']':
-			d.pos++
-			d.depth--
-			return nil
-		default:
-			return errSyntax
-		}
 	}
+}
+
+// element reads up to element i of an array entered with nest, or reports done once the array
+// has closed.
+func (d *decoder) element(i int) (done bool, err error) {
+	d.ws()
+	if d.pos >= len(d.data) {
+		return false, errSyntax
+	}
+	switch c := d.data[d.pos]; {
+	case c == ']':
+		if i > 0 && d.data[d.pos-1] == ',' {
+			return false, errSyntax // a trailing comma
+		}
+		d.pos++
+		d.depth--
+		return true, nil
+	case i > 0 && c == ',':
+		d.pos++
+		d.ws()
+	case i > 0:
+		return false, errSyntax
+	}
+	if d.pos >= len(d.data) {
+		return false, errSyntax
+	}
+	return false, nil
 }
 
 // skip reads the value at d.pos (after whitespace) for its grammar only.
@@ -358,15 +373,45 @@ func hex4after(b []byte) rune {
 	return hex4(b[2:])
 }
 
-// value reads the value at d.pos into v, whose type says what it may be; path names it in a
-// refusal.
-func (d *decoder) value(v reflect.Value, path string) error {
+// segment is one step of the path to the value being read: a member's key, or (key nil) an
+// element's index.
+type segment struct {
+	key   []byte
+	index int
+}
+
+// at names the value being read, for a refusal: `identities.serve.id`, `items[1].count`; a
+// caller's key is bounded wherever it is repeated. It is spelled out only for a refusal.
+func (d *decoder) at() string {
+	var p string
+	for _, s := range d.path {
+		if s.key == nil {
+			p += "[" + strconv.Itoa(s.index) + "]"
+		} else {
+			p = join(p, fault.Clip(string(s.key), fault.MaxQuote))
+		}
+	}
+	return p
+}
+
+// within reads the value at d.pos into v as the segment s of the path.
+func (d *decoder) within(s segment, v reflect.Value) error {
+	d.path = append(d.path, s)
+	if err := d.value(v); err != nil {
+		return err
+	}
+	d.path = d.path[:len(d.path)-1]
+	return nil
+}
+
+// value reads the value at d.pos into v, whose type says what it may be; d.path names it.
+func (d *decoder) value(v reflect.Value) error {
 	c := d.data[d.pos]
 	if c == 'n' {
 		if err := d.literal("null"); err != nil {
 			return err
 		}
-		return fault.Field(path, "null is not allowed; leave the field out")
+		return fault.Field(d.at(), "null is not allowed; leave the field out")
 	}
 	for v.Kind() == reflect.Pointer {
 		if v.IsNil() {
@@ -386,7 +431,7 @@ func (d *decoder) value(v reflect.Value, path string) error {
 			return nil
 		}
 		if err := json.Unmarshal(raw, v.Addr().Interface()); err != nil {
-			return fault.Wrap(fault.BadRequest, err, "field %s does not decode", path)
+			return fault.Wrap(fault.BadRequest, err, "field %s does not decode", d.at())
 		}
 		return nil
 	}
@@ -394,23 +439,23 @@ func (d *decoder) value(v reflect.Value, path string) error {
 	case '{':
 		switch {
 		case t.Kind() == reflect.Struct:
-			return d.object(v, path)
+			return d.object(v)
 		case t.Kind() == reflect.Map && t.Key().Kind() == reflect.String:
-			return d.mapObject(v, path)
+			return d.mapObject(v)
 		}
-		return fault.Field(path, "want %s, got an object", kindName(t))
+		return fault.Field(d.at(), "want %s, got an object", kindName(t))
 	case '[':
 		if t.Kind() == reflect.Slice {
-			return d.slice(v, path)
+			return d.slice(v)
 		}
-		return fault.Field(path, "want %s, got an array", kindName(t))
+		return fault.Field(d.at(), "want %s, got an array", kindName(t))
 	case '"':
 		s, err := d.strBytes()
 		if err != nil {
 			return err
 		}
 		if t.Kind() != reflect.String {
-			return fault.Field(path, "want %s, got a string", kindName(t))
+			return fault.Field(d.at(), "want %s, got a string", kindName(t))
 		}
 		v.SetString(string(s))
 		return nil
@@ -423,7 +468,7 @@ func (d *decoder) value(v reflect.Value, path string) error {
 			return err
 		}
 		if t.Kind() != reflect.Bool {
-			return fault.Field(path, "want %s, got a boolean", kindName(t))
+			return fault.Field(d.at(), "want %s, got a boolean", kindName(t))
 		}
 		v.SetBool(c == 't')
 		return nil
@@ -432,65 +477,76 @@ func (d *decoder) value(v reflect.Value, path string) error {
 	if err != nil {
 		return err
 	}
-	return setNumber(v, string(lit), path)
+	return d.setNumber(v, lit)
 }
 
-// setNumber sets v to the number lit, refusing one v's type cannot hold, naming path.
-func setNumber(v reflect.Value, lit, path string) error {
+// setNumber sets v to the number lit, refusing one v's type cannot hold.
+func (d *decoder) setNumber(v reflect.Value, lit []byte) error {
 	t := v.Type()
 	var err error
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		var n int64
-		if n, err = strconv.ParseInt(lit, 10, t.Bits()); err == nil {
+		if n, err = strconv.ParseInt(string(lit), 10, t.Bits()); err == nil {
 			v.SetInt(n)
 		}
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		var n uint64
-		if n, err = strconv.ParseUint(lit, 10, t.Bits()); err == nil {
+		if n, err = strconv.ParseUint(string(lit), 10, t.Bits()); err == nil {
 			v.SetUint(n)
 		}
 	case reflect.Float32, reflect.Float64:
 		var f float64
-		if f, err = strconv.ParseFloat(lit, t.Bits()); err == nil {
+		if f, err = strconv.ParseFloat(string(lit), t.Bits()); err == nil {
 			v.SetFloat(f)
 		}
 	default:
-		return fault.Field(path, "want %s, got a number", kindName(t))
+		return fault.Field(d.at(), "want %s, got a number", kindName(t))
 	}
 	if err != nil {
-		return fault.Field(path, "want %s, got the number %s", kindName(t), fault.Clip(lit, fault.MaxQuote))
+		return fault.Field(d.at(), "want %s, got the number %s", kindName(t), fault.Clip(string(lit), fault.MaxQuote))
 	}
 	return nil
 }
 
 // object reads the object at d.pos into struct v: each key one of its fields, once.
-func (d *decoder) object(v reflect.Value, path string) error {
+func (d *decoder) object(v reflect.Value) error {
 	fields := fieldsOf(v.Type())
 	var small [64]bool
 	seen := small[:]
 	if len(fields.list) > len(small) {
 		seen = make([]bool, len(fields.list))
 	}
-	return d.members(func(key []byte) error {
+	if err := d.nest(); err != nil {
+		return err
+	}
+	for first := true; ; first = false {
+		key, done, err := d.member(first)
+		if err != nil || done {
+			return err
+		}
 		f, known := fields.byName[string(key)]
 		switch {
 		case !known:
-			return fault.Field(member(path, key), "unknown field")
+			d.path = append(d.path, segment{key: key})
+			return fault.Field(d.at(), "unknown field")
 		case seen[f.n]:
-			return fault.Field(member(path, key), "duplicate key")
+			d.path = append(d.path, segment{key: key})
+			return fault.Field(d.at(), "duplicate key")
 		}
 		seen[f.n] = true
 		fv, err := fieldOf(v, f.index)
 		if err != nil {
 			return err
 		}
-		return d.value(fv, member(path, key))
-	})
+		if err := d.within(segment{key: key}, fv); err != nil {
+			return err
+		}
+	}
 }
 
 // mapObject reads the object at d.pos into map v (string keys): any key, once.
-func (d *decoder) mapObject(v reflect.Value, path string) error {
+func (d *decoder) mapObject(v reflect.Value) error {
 	t := v.Type()
 	if v.IsNil() {
 		v.Set(reflect.MakeMap(t))
@@ -499,11 +555,12 @@ func (d *decoder) mapObject(v reflect.Value, path string) error {
 	return d.members(func(key []byte) error {
 		k := string(key)
 		if seen[k] {
-			return fault.Field(member(path, key), "duplicate key")
+			d.path = append(d.path, segment{key: key})
+			return fault.Field(d.at(), "duplicate key")
 		}
 		seen[k] = true
 		e := reflect.New(t.Elem()).Elem()
-		if err := d.value(e, member(path, key)); err != nil {
+		if err := d.within(segment{key: key}, e); err != nil {
 			return err
 		}
 		v.SetMapIndex(reflect.ValueOf(k).Convert(t.Key()), e)
@@ -513,26 +570,33 @@ func (d *decoder) mapObject(v reflect.Value, path string) error {
 
 // slice reads the array at d.pos into slice v, from its first element (an empty array is an
 // empty slice, not nil).
-func (d *decoder) slice(v reflect.Value, path string) error {
+func (d *decoder) slice(v reflect.Value) error {
 	v.SetLen(0)
-	err := d.elements(func(i int) error {
+	if err := d.nest(); err != nil {
+		return err
+	}
+	for i := 0; ; i++ {
+		done, err := d.element(i)
+		if err != nil {
+			return err
+		}
+		if done {
+			break
+		}
 		if i >= v.Cap() {
 			grown := reflect.MakeSlice(v.Type(), i, max(4, 2*v.Cap()))
 			reflect.Copy(grown, v)
 			v.Set(grown)
 		}
 		v.SetLen(i + 1)
-		return d.value(v.Index(i), path+"["+strconv.Itoa(i)+"]")
-	})
-	if err == nil && v.IsNil() {
+		if err := d.within(segment{index: i}, v.Index(i)); err != nil {
+			return err
+		}
+	}
+	if v.IsNil() {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 	}
-	return err
-}
-
-// member names key of the object at path: a caller's key, bounded wherever it is repeated.
-func member(path string, key []byte) string {
-	return join(path, fault.Clip(string(key), fault.MaxQuote))
+	return nil
 }
 
 // fieldOf returns v's field at index, allocating the embedded structs pointed to on the way
