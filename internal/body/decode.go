@@ -517,14 +517,7 @@ func (d *decoder) object(v reflect.Value) error {
 	if len(fields.list) > len(small) {
 		seen = make([]bool, len(fields.list))
 	}
-	if err := d.nest(); err != nil {
-		return err
-	}
-	for first := true; ; first = false {
-		key, done, err := d.member(first)
-		if err != nil || done {
-			return err
-		}
+	return d.members(func(key []byte) error {
 		f, known := fields.byName[string(key)]
 		switch {
 		case !known:
@@ -539,10 +532,8 @@ func (d *decoder) object(v reflect.Value) error {
 		if err != nil {
 			return err
 		}
-		if err := d.within(segment{key: key}, fv); err != nil {
-			return err
-		}
-	}
+		return d.within(segment{key: key}, fv)
+	})
 }
 
 // mapObject reads the object at d.pos into map v (string keys): any key, once.
@@ -572,31 +563,19 @@ func (d *decoder) mapObject(v reflect.Value) error {
 // empty slice, not nil).
 func (d *decoder) slice(v reflect.Value) error {
 	v.SetLen(0)
-	if err := d.nest(); err != nil {
-		return err
-	}
-	for i := 0; ; i++ {
-		done, err := d.element(i)
-		if err != nil {
-			return err
-		}
-		if done {
-			break
-		}
+	err := d.elements(func(i int) error {
 		if i >= v.Cap() {
 			grown := reflect.MakeSlice(v.Type(), i, max(4, 2*v.Cap()))
 			reflect.Copy(grown, v)
 			v.Set(grown)
 		}
 		v.SetLen(i + 1)
-		if err := d.within(segment{index: i}, v.Index(i)); err != nil {
-			return err
-		}
-	}
-	if v.IsNil() {
+		return d.within(segment{index: i}, v.Index(i))
+	})
+	if err == nil && v.IsNil() {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 	}
-	return nil
+	return err
 }
 
 // fieldOf returns v's field at index, allocating the embedded structs pointed to on the way
