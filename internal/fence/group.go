@@ -34,11 +34,10 @@ type Grouped struct {
 // Group returns kv with its commits grouped.
 func Group(kv KV) *Grouped { return &Grouped{KV: kv, queues: map[string]*queue{}} }
 
-// queue is one key's commits: those waiting for the next CAS, and whether a group is being
-// committed. It exists while the key has commits, no longer.
+// queue is one key's commits: those waiting for the next CAS while a group is committing. It
+// exists while a group is committing on the key, no longer.
 type queue struct {
 	waiting []*waiter
-	running bool
 	// lastRaw and lastRev are the bytes and revision of the last CAS that landed here.
 	lastRaw []byte
 	lastRev uint64
@@ -61,27 +60,28 @@ type outcome struct {
 
 // commit commits raw observed at rev on key with the next group of the same bytes, and returns
 // the revision the group's CAS landed at. cas is the one CAS loop, pinned to the revision it is
-// given. A commit whose ctx ends before its group is sent is withdrawn (nothing was written
-// for it); one whose group is in flight does not know its outcome: ErrUnknownOutcome.
+// given. A commit on a key where nothing is committing sends its CAS at once, on its own
+// goroutine, in a group of one; commits that arrive meanwhile wait for the next group. A
+// commit whose ctx ends before its group is sent is withdrawn (nothing was written for it);
+// one whose group is in flight does not know its outcome: ErrUnknownOutcome.
 func (g *Grouped) commit(ctx context.Context, key string, raw []byte, rev uint64, cas func(context.Context, uint64) (uint64, error)) (uint64, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(time.Minute)
-	}
-	w := &waiter{raw: raw, rev: rev, deadline: deadline, cas: cas, done: make(chan outcome, 1)}
 	g.mu.Lock()
 	q := g.queues[key]
 	if q == nil {
 		q = &queue{}
 		g.queues[key] = q
+		g.mu.Unlock()
+		n, err := cas(ctx, rev)
+		g.landed(key, q, raw, n, err)
+		return n, err
 	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(time.Minute)
+	}
+	w := &waiter{raw: raw, rev: rev, deadline: deadline, cas: cas, done: make(chan outcome, 1)}
 	q.waiting = append(q.waiting, w)
-	start := !q.running
-	q.running = true
 	g.mu.Unlock()
-	if start {
-		go g.drain(key, q)
-	}
 	select {
 	case o := <-w.done:
 		return o.rev, o.err
@@ -101,14 +101,28 @@ func (g *Grouped) commit(ctx context.Context, key string, raw []byte, rev uint64
 	return 0, fmt.Errorf("commit %s: %w: the request ended while its group was committing: %w", key, ErrUnknownOutcome, ctx.Err())
 }
 
-// drain commits key's groups one after another until none waits, then forgets the key. Each
-// group is every waiting commit of the first one's bytes; its CAS runs until the latest
-// deadline among them.
+// landed records a group's CAS on key: its bytes and revision if it landed. Then, if commits
+// wait, a goroutine commits them; if none does, the key is forgotten.
+func (g *Grouped) landed(key string, q *queue, raw []byte, n uint64, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil {
+		q.lastRaw, q.lastRev = raw, n
+	}
+	if len(q.waiting) == 0 {
+		delete(g.queues, key)
+		return
+	}
+	go g.drain(key, q)
+}
+
+// drain commits key's waiting commits, one group after another, until none waits; then it
+// forgets the key. Each group is every waiting commit of the first one's bytes; its CAS runs
+// until the latest deadline among them.
 func (g *Grouped) drain(key string, q *queue) {
 	for {
 		g.mu.Lock()
 		if len(q.waiting) == 0 {
-			q.running = false
 			delete(g.queues, key)
 			g.mu.Unlock()
 			return
