@@ -156,11 +156,14 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 }
 
 // put is the one CAS loop: write data at the observed revision until it lands, the row
-// changes, or ctx ends.
+// changes, or ctx ends. The first time a re-read finds the row as observed at a later
+// revision (another commit of the same bytes landed first), it tries again at once at that
+// revision; later retries are paced.
 func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error) {
 	f := o.fence
 	rev := o.Revision
 	var last error
+	retried := false
 	for attempt := 0; ; attempt++ {
 		n, err := f.write(ctx, data, rev)
 		switch {
@@ -184,6 +187,10 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 			return nil, fmt.Errorf("write %s: %w", f.key, ErrMoved)
 		default:
 			rev = now.Revision // unchanged: another mint's commit, or nothing landed
+			if !retried {
+				retried = true
+				continue
+			}
 		}
 		if perr := store.Pause(ctx, attempt); perr != nil {
 			if errors.Is(last, store.ErrUnknownOutcome) {
