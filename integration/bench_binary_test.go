@@ -13,9 +13,11 @@ import (
 // Nothing here is timed: the figures only have to exist. It loads both CPUs for a moment, so
 // it runs alone, before the package's parallel tests.
 func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
+	s := startStandalone(t, "bench")
 	for name, extra := range map[string][]string{
 		"each requester its own instance": nil,
 		"one instance shared":             {"--one-instance", "--ops", "renew"},
+		"against --nats-url":              {"--nats-url", s.URL(), "--space-dir", s.spaceDir, "--space", "bench", "--ops", "renew"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // with each other, before the rest of the package
@@ -38,7 +40,7 @@ func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
 			ops, _ := report["operations"].([]any)
 			want := 3
 			if extra != nil {
-				want = 1
+				want = 1 // renew only
 			}
 			if len(ops) != want {
 				t.Fatalf("operations: got %d, want %d", len(ops), want)
