@@ -110,6 +110,7 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.public {
 		if f.inFlight.Add(1) > PublicMaxInFlight {
 			f.inFlight.Add(-1)
+			closeUnread(w)
 			writeError(w, fault.New(fault.Unavailable, "busy - retry shortly"))
 			return
 		}
@@ -127,6 +128,7 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	route, ok := f.routes[path]
 	if !ok || r.URL.RawQuery != "" || r.URL.ForceQuery {
+		closeUnread(w)
 		writeError(w, fault.New(fault.NotFound, "unknown path - %s", f.known))
 		return
 	}
@@ -205,17 +207,21 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method != http.MethodPost:
+			closeUnread(w)
 			writeError(w, fault.New(fault.MethodNotAllowed, "POST only"))
 			return
-		case r.Header.Get("Origin") != "":
+		case r.Header.Values("Origin") != nil:
+			closeUnread(w)
 			writeError(w, fault.New(fault.PermissionDenied, "browser-origin requests are not served here"))
 			return
 		case !contentJSON.MatchString(r.Header.Get("Content-Type")):
+			closeUnread(w)
 			writeError(w, fault.New(fault.UnsupportedMediaType, "content-type must be application/json"))
 			return
 		}
 		now := f.h.Now()
 		if !f.public && !f.capOK(r) {
+			closeUnread(w)
 			f.badCaps.record("loopback", now)
 			if f.badCaps.count("loopback", now) > RefusalsPerMinute {
 				writeError(w, fault.New(fault.ResourceExhausted, "too many invalid-capability attempts - wait a minute and retry"))
@@ -228,6 +234,7 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 		throttled := f.refusals.count(peer, now) >= RefusalsPerMinute
 		data, ferr := readBody(r)
 		if ferr != nil {
+			closeUnread(w)
 			writeError(w, ferr)
 			return
 		}
@@ -243,6 +250,11 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 		writeError(w, refusal)
 	}
 }
+
+// closeUnread marks an answer given before the request's body was read: the connection closes
+// after it, where the server would otherwise read the rest of the body, as slowly as the client
+// sends it, before answering.
+func closeUnread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
 
 // capOK checks the loopback capability in constant time.
 func (f *face) capOK(r *http.Request) bool {

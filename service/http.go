@@ -68,6 +68,7 @@ func (p *Plane) serveHTTP(h *handlers.HTTP) error {
 		return errors.Join(err, bound.Close())
 	}
 	p.info.PublicURL = public
+	p.info.PublicListen = "http://" + bound.Addr().String()
 	p.serveOn(bound, h.Public(), "public")
 	return nil
 }
@@ -108,7 +109,14 @@ func (p *Plane) serveOn(l net.Listener, handler http.Handler, name string) {
 	p.onClose("shut the HTTP face "+name+" down", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return srv.Shutdown(ctx)
+		if err := srv.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+			// Requests still in flight, or connections opened and never used: cut them.
+			p.log.Warn("HTTP face "+name+": connections still open after 5 s; closing them", "face", name)
+			return srv.Close()
+		} else if err != nil {
+			return err
+		}
+		return nil
 	})
 }
 

@@ -41,8 +41,10 @@ type Info struct {
 	Epoch   uint64
 	NATSURL string
 	HTTPURL string
-	// PublicURL is the public face's URL, "" without one.
-	PublicURL string
+	// PublicURL is the public face's URL as clients see it, "" without one; PublicListen is
+	// where it is bound.
+	PublicURL    string
+	PublicListen string
 	// SpaceDir holds the space material; CreatedMaterial says this start wrote it.
 	SpaceDir        string
 	CreatedMaterial bool
