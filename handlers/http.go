@@ -57,6 +57,8 @@ type HTTP struct {
 	Cap string
 	// Bundle is the discovery bundle the public face serves.
 	Bundle []byte
+	// Metrics serves the Prometheus metrics on the loopback face; nil serves none.
+	Metrics http.Handler
 	// TrustedProxy says the public face sits behind a proxy whose X-Forwarded-For's last hop
 	// names the peer.
 	TrustedProxy bool
@@ -86,6 +88,10 @@ func (h *HTTP) Loopback() http.Handler {
 		"/manager-service-authority": f.door(f.managerAuthority),
 	}
 	f.known = "/health, /jwks, /exchange, /manager-service-authority"
+	if h.Metrics != nil {
+		f.routes["/metrics"] = f.metrics
+		f.known += ", /metrics"
+	}
 	return f
 }
 
@@ -169,6 +175,13 @@ func (f *face) jwks(w http.ResponseWriter, r *http.Request) {
 	if _, err := w.Write(doc); err != nil {
 		f.h.Log.Debug("jwks not sent", "err", err)
 	}
+}
+
+func (f *face) metrics(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	f.h.Metrics.ServeHTTP(w, r)
 }
 
 func (f *face) bundle(w http.ResponseWriter, r *http.Request) {

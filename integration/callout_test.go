@@ -241,4 +241,7 @@ func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 	if rec.Endpoint != handlers.EndpointCallout || rec.Code != "conflict" {
 		t.Errorf("the discarded record: got %+v, want auth-callout, conflict", rec)
 	}
+	if v := sample(scrape(t, p.HTTPURL()), "authplane_mints_discarded_total", map[string]string{"endpoint": handlers.EndpointCallout, "code": "conflict"}); v != 1 {
+		t.Errorf("/metrics discarded callout mints: got %v, want 1", v)
+	}
 }

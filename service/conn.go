@@ -36,7 +36,10 @@ func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
 				log.Warn("disconnected from NATS", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Debug("reconnected to NATS") }),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			p.metrics.Reconnected(role)
+			log.Debug("reconnected to NATS")
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -65,6 +66,7 @@ type Plane struct {
 	storeNC  *nats.Conn
 	serving  atomic.Pointer[serving]
 	callout  atomic.Pointer[nats.Conn]
+	metrics  *metrics.Metrics
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -104,6 +106,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
 	p.info.Space = cfg.Space
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())

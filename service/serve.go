@@ -7,9 +7,11 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
@@ -45,7 +47,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load,
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
@@ -67,7 +69,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
-	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load}}
+	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
@@ -199,4 +201,23 @@ func (p *Plane) watchFence() {
 		}
 	})
 	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
+}
+
+// counted is the pipeline's recorder that also counts, for the metrics, the credentials whose
+// mint committed and the mints discarded.
+type counted struct {
+	issue.Recorder
+	m *metrics.Metrics
+}
+
+func (c counted) LogMinted(req audit.Request, creds []audit.Credential) {
+	c.Recorder.LogMinted(req, creds)
+	for _, cred := range creds {
+		c.m.Issued(req.Endpoint, cred.Duty)
+	}
+}
+
+func (c counted) Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error) {
+	c.Recorder.Discarded(ctx, req, creds, refusal)
+	c.m.Discarded(req.Endpoint, string(refusal.Code))
 }
