@@ -115,14 +115,16 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 	if !subjects.ValidUserOwner(owner) || !subjects.ValidActor(actor) {
 		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
 	}
+	// Until the secret matches, the principal is only named, not shown: its refusals are
+	// recorded as "_._", so nobody can spend another owner's record budget.
 	row, found, err := ledger.Read(ctx, f.h.Ledger, owner, actor)
 	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
-		return nil, f.refuse(ctx, EndpointExchange, owner, actor, fault.Store(err, "reading the ledger"))
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.Store(err, "reading the ledger"))
 	}
 	sum := sha256.Sum256([]byte(*b.ActorToken))
 	want := []byte(row.TokenHash)
 	if !found || row.TokenHash == "" || subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), want) != 1 {
-		return nil, f.refuse(ctx, EndpointExchange, owner, actor, errAgent)
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
 	}
 	data, err := json.Marshal(map[string]string{"owner": owner, "actor": actor})
 	if err != nil {
