@@ -135,7 +135,7 @@ func TestRotationKeepsOldBearersValidUntilTheRetireFloor(t *testing.T) {
 
 // CheckKid returns a token's kid, for tests.
 func CheckKid(token string) (string, error) {
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		return "", err
 	}

@@ -148,7 +148,7 @@ func (k *Keys) judge(s keySet, kid, space, token string) (Claims, error) {
 	if err != nil {
 		return Claims{}, err
 	}
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		return Claims{}, errors.New("the bearer is not a compact JWS")
 	}

@@ -109,7 +109,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Subject, error) {
 	if err != nil {
 		return Subject{}, err
 	}
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		return Subject{}, errors.New("the token is not a compact JWS")
 	}
