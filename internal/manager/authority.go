@@ -33,6 +33,30 @@ type Engine struct {
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
 	MaxInstancesPerOwner int
+	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
+	// them.
+	Assignments Assignments
+}
+
+// Assignments is what a supervised instance's own renewal stands on instead of its preparer's
+// scope: owner's platform supervisor assignment, read now, still assigned to instance iid and
+// lifecycle uid, its end not passed.
+type Assignments interface {
+	Vouch(ctx context.Context, owner, iid, uid string) error
+}
+
+// Supervision is what an operation runs under when a platform admin asks on an owner's behalf
+// (supervisor-authority, DESIGN §6.5). The admin's checks (its scope, the assignment, the
+// ended-assignment fence) are the supervisor's; the operation then needs no `supervise` of its
+// caller.
+type Supervision struct {
+	// By is the platform admin who asked: a supervised prepare's preparedBy.
+	By string
+	// Until is the assignment's end: a supervised prepare stamps it on the gate as
+	// supervisedUntil, and every credential is clamped to it.
+	Until time.Time
+	// Hook records the supervisor and executor generations between signing and committing.
+	Hook func(ctx context.Context, creds []issue.Credential) error
 }
 
 // Caller is the principal a request came from: the subject's last two tokens.
@@ -72,16 +96,26 @@ func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audi
 	if req.Space != e.Space {
 		return nil, about, fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", req.Space, e.Space)
 	}
-	var m *client.Material
+	m, err := e.operate(ctx, caller, req, about, nil)
+	return m, about, err
+}
+
+// Supervised serves req, a parsed manager-service request, for owner's instance as the
+// platform supervisor sup (supervisor-authority): the operation's own checks, and then the
+// mint, clamped to sup.Until and staged through sup.Hook. Refusals as ServiceAuthority's.
+func (e *Engine) Supervised(ctx context.Context, owner string, sup *Supervision, req *Request, about audit.Request) (*client.Material, error) {
+	return e.operate(ctx, Caller{Owner: owner, Actor: req.Actor}, req, about, sup)
+}
+
+// operate runs req's operation for caller, under sup when a platform supervisor asks.
+func (e *Engine) operate(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
 	switch req.Operation {
 	case OpPrepare:
-		m, err = e.prepare(ctx, caller, req, about)
+		return e.prepare(ctx, caller, req, about, sup)
 	case OpActivate:
-		m, err = e.activate(ctx, caller, req, about)
-	default:
-		m, err = e.renew(ctx, caller, req, about)
+		return e.activate(ctx, caller, req, about, sup)
 	}
-	return m, about, err
+	return e.renew(ctx, caller, req, about, sup)
 }
 
 var knownOperations = map[string]bool{
@@ -145,8 +179,11 @@ func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error)
 // prepare creates the instance's gate open at epoch 0, or re-registers it (epoch and
 // registration revision + 1), and mints the supervisor and executor. The gate write is the
 // mint's commit: one CAS records the registration and fences the mint.
-func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller); err != nil {
+func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	preparedBy := caller.String()
+	if sup != nil {
+		preparedBy = sup.By
+	} else if err := e.requireSupervise(ctx, caller); err != nil {
 		return nil, err
 	}
 	g, err := e.observe(ctx, req.InstanceID)
@@ -156,7 +193,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
-		PreparedBy:       caller.String(),
+		PreparedBy:       preparedBy,
 	}
 	var row gate.Row
 	var steps []issue.Step
@@ -177,7 +214,10 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		row.RegistrationRevision++
 		row.Registration = reg
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, row, append(steps, issue.Replaced(g, row)),
+	if sup != nil {
+		row.SupervisedUntil = sup.Until.Unix()
+	}
+	m, err := e.mint(ctx, caller.Owner, req, about, row, append(steps, issue.Replaced(g, row)), sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
@@ -229,9 +269,11 @@ func checkRegistration(g *gate.Gate, req *Request) error {
 
 // activate mints serve, goalWriter and sessionLedger for the registration prepare recorded,
 // against the registration proof, and returns the proof renewals need.
-func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller); err != nil {
-		return nil, err
+func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	if sup == nil {
+		if err := e.requireSupervise(ctx, caller); err != nil {
+			return nil, err
+		}
 	}
 	g, err := e.registered(ctx, req.InstanceID)
 	if err != nil {
@@ -246,7 +288,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)},
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup,
 		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
@@ -256,11 +298,12 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 }
 
 // renew serves renew (supervisor and executor) and renewStandingBundle (all five) for a
-// principal with `supervise`, or for the instance's own supervisor or executor, whose preparer
-// must still hold `supervise`.
-func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	ownDuty := caller.Actor == subjects.SupervisorActor(req.InstanceID) || caller.Actor == subjects.ExecutorActor(req.InstanceID)
-	if !ownDuty {
+// principal with `supervise`, a platform supervisor, or the instance's own supervisor or
+// executor, whose preparer must still hold `supervise` (on a supervised gate: whose assignment
+// must still stand).
+func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	ownDuty := sup == nil && (caller.Actor == subjects.SupervisorActor(req.InstanceID) || caller.Actor == subjects.ExecutorActor(req.InstanceID))
+	if !ownDuty && sup == nil {
 		if err := e.requireSupervise(ctx, caller); err != nil {
 			return nil, err
 		}
@@ -287,7 +330,15 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelCurrent, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the current proof of instance %s", req.InstanceID)
 	}
-	if ownDuty {
+	if ownDuty && g.Row.SupervisedUntil != 0 {
+		// A supervised instance's own duties stand on its assignment, read now.
+		if e.Assignments == nil {
+			return nil, fault.New(fault.PermissionDenied, "instance %s is supervised and this plane cannot read assignments", req.InstanceID)
+		}
+		if err := e.Assignments.Vouch(ctx, caller.Owner, req.InstanceID, req.ManagerLifecycleUID); err != nil {
+			return nil, err
+		}
+	} else if ownDuty {
 		// Behind an instance's own duties stands a person: whoever prepared it must still hold
 		// supervise, read now.
 		o, a, ok := strings.Cut(g.Row.Registration.PreparedBy, ".")
@@ -305,14 +356,15 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, duties...)
+	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup, duties...)
 }
 
 // mint issues duties of owner's instance through the pipeline, committing with steps (the
 // manager's gate last), and shapes the material. row is the gate row the material describes
-// (for prepare, the registration it writes). A supervised instance's every credential is
-// clamped to its assignment's end, and refused once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, duties ...subjects.Duty) (*client.Material, error) {
+// (for prepare, the registration it writes). A supervised instance's every credential, and
+// every credential a platform supervisor asks for, is clamped to its assignment's end, and
+// refused once that has passed.
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}
 	plan := issue.Plan{Request: about, Steps: steps}
@@ -328,9 +380,16 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 		plan.Grants = append(plan.Grants, issue.Grant{Duty: d, Key: req.Identities.Of(d),
 			Principal: subjects.Principal(owner, actor), TTL: ttl, Permissions: perms})
 	}
-	if row.SupervisedUntil != 0 {
-		plan.Ceiling = issue.Ceiling{At: time.Unix(row.SupervisedUntil, 0),
-			What: fmt.Sprintf("the platform supervisor assignment instance %s was prepared under", iid)}
+	until := row.SupervisedUntil
+	if sup != nil {
+		plan.Hook = sup.Hook
+		if until == 0 || sup.Until.Unix() < until {
+			until = sup.Until.Unix()
+		}
+	}
+	if until != 0 {
+		plan.Ceiling = issue.Ceiling{At: time.Unix(until, 0),
+			What: fmt.Sprintf("the platform supervisor assignment of instance %s", iid)}
 	}
 	issued, err := e.Pipeline.Issue(ctx, plan)
 	if err != nil {
