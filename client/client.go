@@ -213,13 +213,9 @@ func (c *Client) Body(op string, m Manager) ServiceAuthority {
 
 // ServiceAuthority sends one manager-service-authority body and decodes the material.
 func (c *Client) ServiceAuthority(ctx context.Context, body ServiceAuthority) (*Material, error) {
-	data, err := c.Do(ctx, subjects.EndpointManagerAuthority, body)
-	if err != nil {
-		return nil, err
-	}
 	var m Material
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("%s: reply does not decode: %w", body.Operation, err)
+	if err := c.call(ctx, subjects.EndpointManagerAuthority, body, &m); err != nil {
+		return nil, err
 	}
 	return &m, nil
 }

@@ -17,15 +17,12 @@ import (
 
 // unimplementedEndpoints lists the endpoints whose capability has not landed yet, with a
 // request each: they answer `unimplemented` (501). Remove an endpoint's row when it lands
-// (manager-authority has).
+// (manager-authority and the supervisor's have).
 var unimplementedEndpoints = []struct {
 	endpoint string
 	body     string
 }{
 	{subjects.EndpointRunRevoke, `{}`},
-	{subjects.EndpointSupervisorAssign, `{}`},
-	{subjects.EndpointSupervisorAuthority, `{}`},
-	{subjects.EndpointSupervisorEnd, `{}`},
 }
 
 // wireError is a refusal body, decoded strictly.

@@ -17,6 +17,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -64,6 +65,25 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
+	sup := &supervisor.Supervisor{
+		Space:       cfg.Space,
+		Account:     p.keys.Data.Public(),
+		Platform:    p.stores.Platform,
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Issued:      p.stores.Issued,
+		Accepted:    p.stores.Accepted,
+		Engine:      engine,
+		Minted:      p.stores,
+		Revocations: p.revocations,
+		Audit:       recorder,
+		MaxTTL:      cfg.MaxAssignmentTTL,
+		Now:         cfg.Now,
+	}
+	if cfg.Hooks != nil {
+		sup.AfterEndStep = cfg.Hooks.AfterEndStep
+	}
+	engine.Assignments = sup
 	bus := &handlers.Bus{
 		Space:   cfg.Space,
 		Timeout: cfg.RequestTimeout,
@@ -73,9 +93,9 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 	fns := map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.Unimplemented(subjects.EndpointRunRevoke),
-		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
-		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
-		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+		subjects.EndpointSupervisorAssign:    handlers.SupervisorAssign(sup),
+		subjects.EndpointSupervisorAuthority: handlers.SupervisorAuthority(sup),
+		subjects.EndpointSupervisorEnd:       handlers.SupervisorEnd(sup),
 	}
 	open := func() (*serving, error) {
 		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
