@@ -190,6 +190,9 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
+	if err := e.checkClaims(ctx, req.InstanceID, *req.Identities); err != nil {
+		return nil, err
+	}
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
@@ -217,7 +220,10 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if sup != nil {
 		row.SupervisedUntil = sup.Until.Unix()
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, row, append(steps, issue.Replaced(g, row)), sup,
+	// The nkeys are claimed in the same commit, before the gate: each belongs to this
+	// instance for life.
+	steps = append(steps, e.claimKeys(req.InstanceID, *req.Identities), issue.Replaced(g, row))
+	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
