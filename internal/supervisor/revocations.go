@@ -108,7 +108,14 @@ func (r *Revocations) Apply(ctx context.Context, keys []string, force bool) (*Ap
 			if !force && !changed && held.covers(next.Revoked) {
 				return revocationSet{}, fence.ErrKeep
 			}
-			token, issued, signErr = r.signAfter(ctx, next.Revoked, max(cur.Row.IssuedAt, held.newest))
+			// A JWT that revokes anything outranks every one before it: the resolvers keep the
+			// newer of two they exchange, and two of one second share an id. One that revokes
+			// nothing (a start's, with no end behind it) need not wait for the next second.
+			last := max(cur.Row.IssuedAt, held.newest)
+			if len(next.Revoked) == 0 {
+				last = 0
+			}
+			token, issued, signErr = r.signAfter(ctx, next.Revoked, last)
 			switch {
 			case signErr != nil && !changed:
 				return revocationSet{}, fence.ErrKeep
