@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -88,4 +90,30 @@ func TestTheRevocationSetIsReappliedAtEveryStart(t *testing.T) {
 	again := startPlane(t, onDir)
 	wantRefusedToConnect(t, again.NATSURL(), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
 	wantRefusedToConnect(t, again.NATSURL(), s, subjects.DutyExecutor, s.prep.Credentials["executor"].JWT)
+}
+
+// TestWithoutTheOperatorSigningKeyAnEndSaysItDidNotRevoke: an operator that keeps its signing
+// key elsewhere gets an end that retires everything the plane holds and puts the keys on the
+// revocation set, and says revoked:false with the reason; the expiry clamp still bounds the
+// credentials.
+func TestWithoutTheOperatorSigningKeyAnEndSaysItDidNotRevoke(t *testing.T) {
+	t.Parallel()
+	sa := startStandalone(t, testSpace)
+	if err := os.Remove(filepath.Join(sa.spaceDir, "operator-signing.nk")); err != nil {
+		t.Fatal(err)
+	}
+	p := startPlane(t, againstStandalone(sa))
+	pa := newPlatformAdmin(t, p, "admin")
+	s := pa.assign(time.Now().Add(time.Hour))
+	pa.register(s)
+	r, err := pa.end(s)
+	if err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if r.Revoked.Done || !strings.Contains(r.Revoked.Reason, "operator signing key") || r.Evicted.Complete ||
+		r.Retired.Gate != "retired" || r.Assignment.State != client.StateEnded || len(r.Revoked.NKeys) != 5 {
+		t.Fatalf("end report: got %+v, want everything retired, the keys listed, and revoked:false saying why", r)
+	}
+	_, err = pa.authority(s, client.OpRenew)
+	wantRefusal(t, "supervisor-authority after the end", err, "permission-denied", endedText(s.owner))
 }
