@@ -103,6 +103,11 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 			return nil, err
 		}
 		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
+		if err == nil {
+			// The services' subscriptions reach the broker before the plane says it serves: a
+			// caller right behind the start must not meet "no responders".
+			err = nc.FlushTimeout(cfg.RequestTimeout)
+		}
 		s := &serving{nc: nc, svcs: svcs}
 		if err != nil {
 			return nil, errors.Join(err, p.retire(s))
