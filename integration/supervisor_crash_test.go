@@ -85,7 +85,7 @@ func TestARetriedEndCompletesAfterACrashAtEveryStep(t *testing.T) {
 			t.Parallel()
 			var crashAfter atomic.Int32 // the step the next end stops after; 0: none
 			p := startPlane(t, func(c *service.Config) {
-				c.Hooks = &service.Hooks{AfterEndStep: func(n int) error {
+				c.Hooks = &service.Hooks{AfterEndStep: func(_ string, n int) error {
 					if crashAfter.CompareAndSwap(int32(n), 0) {
 						return errors.New("crashed (test hook)")
 					}

@@ -26,13 +26,9 @@ func (a Account) Push(ctx context.Context, token string) error {
 	return PushAccount(ctx, a.NC, a.Public, token)
 }
 
-// Lookup returns the account JWT each server's resolver holds, one per server, and fails
-// unless every server of the cluster answered before ctx ended.
-func (a Account) Lookup(ctx context.Context) ([]string, error) {
-	n, err := a.servers(ctx)
-	if err != nil {
-		return nil, err
-	}
+// Lookup returns the account JWT each of the cluster's n servers' resolvers holds, and fails
+// unless all of them answered before ctx ended.
+func (a Account) Lookup(ctx context.Context, n int) ([]string, error) {
 	replies, err := gather(ctx, a.NC, subjects.AccountClaimsLookup(a.Public), nil, n)
 	if err != nil {
 		return nil, fmt.Errorf("look up account %s: %w", a.Public, err)
@@ -47,13 +43,9 @@ func (a Account) Lookup(ctx context.Context) ([]string, error) {
 	return tokens, nil
 }
 
-// Connections counts the account's open connections authenticated as user nkey, on every
-// server, and fails unless every server answered before ctx ended.
-func (a Account) Connections(ctx context.Context, nkey string) (int, error) {
-	n, err := a.servers(ctx)
-	if err != nil {
-		return 0, err
-	}
+// Connections counts the account's open connections authenticated as user nkey on the
+// cluster's n servers, and fails unless all of them answered before ctx ended.
+func (a Account) Connections(ctx context.Context, nkey string, n int) (int, error) {
 	req, err := json.Marshal(map[string]any{"user": nkey, "auth": true, "limit": 1024})
 	if err != nil {
 		return 0, err
@@ -89,9 +81,9 @@ func (a Account) Connections(ctx context.Context, nkey string) (int, error) {
 	return total, nil
 }
 
-// servers counts the servers of the cluster: every server answers a ping, and each answer
+// Servers counts the servers of the cluster: every server answers a ping, and each answer
 // names the servers it has routes to, so the count is known once every server named answered.
-func (a Account) servers(ctx context.Context) (int, error) {
+func (a Account) Servers(ctx context.Context) (int, error) {
 	answered, named := map[string]bool{}, map[string]bool{}
 	err := ask(ctx, a.NC, subjects.ServerPing, nil, func(data []byte) (bool, error) {
 		var stats struct {

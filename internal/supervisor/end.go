@@ -15,16 +15,6 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// endBody is a supervisor-end request as the plane parses it.
-type endBody struct {
-	V            int    `json:"v"`
-	Kind         string `json:"kind"`
-	Owner        string `json:"owner"`
-	InstanceID   string `json:"instanceId"`
-	LifecycleUID string `json:"lifecycleUid"`
-	Reason       string `json:"reason"`
-}
-
 // MaxReason is the longest reason an end may give, in bytes.
 const MaxReason = fault.MaxMessage
 
@@ -42,28 +32,15 @@ const MaxReason = fault.MaxMessage
 // another lifecycle; a delete marker on a fence), unavailable (stores; an end stopped midway,
 // to be repeated).
 func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.EndReport, audit.Request, error) {
-	var req endBody
+	var req client.End
 	if err := body.Decode(data, &req); err != nil {
 		return nil, about, err
 	}
-	if req.Kind == client.KindEnd {
-		about.Kind = req.Kind
+	about = aboutTarget(about, req.Kind, client.KindEnd, req.InstanceID)
+	if err := checkTarget(req.V, req.Kind, client.KindEnd, req.Owner, req.InstanceID, req.LifecycleUID); err != nil {
+		return nil, about, err
 	}
-	if subjects.ValidUID(req.InstanceID) {
-		about.InstanceID = req.InstanceID
-	}
-	switch {
-	case req.V != 1:
-		return nil, about, fault.Field("v", "want 1")
-	case req.Kind != client.KindEnd:
-		return nil, about, fault.Field("kind", "want %q", client.KindEnd)
-	case !subjects.ValidUserOwner(req.Owner):
-		return nil, about, fault.Field("owner", "want u_ followed by 26 base32-lower characters")
-	case !subjects.ValidUID(req.InstanceID):
-		return nil, about, fault.Field("instanceId", "want [a-z0-9]{26,32}")
-	case !subjects.ValidUID(req.LifecycleUID):
-		return nil, about, fault.Field("lifecycleUid", "want [a-z0-9]{26,32}")
-	case strings.TrimSpace(req.Reason) == "" || len(req.Reason) > MaxReason || strings.ContainsFunc(req.Reason, unicode.IsControl):
+	if strings.TrimSpace(req.Reason) == "" || len(req.Reason) > MaxReason || strings.ContainsFunc(req.Reason, unicode.IsControl) {
 		return nil, about, fault.Field("reason", "want 1 to %d bytes of text without control characters", MaxReason)
 	}
 	if err := s.requirePlatformAdmin(ctx, caller); err != nil {
@@ -83,7 +60,7 @@ func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit
 			return nil, about, err
 		}
 		if s.AfterEndStep != nil {
-			if err := s.AfterEndStep(i + 1); err != nil {
+			if err := s.AfterEndStep(e.l.iid, i+1); err != nil {
 				return nil, about, fault.Wrap(fault.Unavailable, err, "the end stopped after step %d of 5; repeat it to complete it", i+1)
 			}
 		}

@@ -35,12 +35,14 @@ const Forget = 48 * time.Hour
 // Broker is the data account as the broker holds it, reached through the plane's system user:
 // every server of a cluster answers.
 type Broker interface {
+	// Servers counts the cluster's servers.
+	Servers(ctx context.Context) (int, error)
 	// Push sends the account JWT token to every server's resolver.
 	Push(ctx context.Context, token string) error
-	// Lookup returns the account JWT each server's resolver holds, one per server.
-	Lookup(ctx context.Context) ([]string, error)
-	// Connections counts the account's connections authenticated as user nkey, on every server.
-	Connections(ctx context.Context, nkey string) (int, error)
+	// Lookup returns the account JWT each of the n servers' resolvers holds.
+	Lookup(ctx context.Context, n int) ([]string, error)
+	// Connections counts the account's connections authenticated as user nkey on the n servers.
+	Connections(ctx context.Context, nkey string, n int) (int, error)
 }
 
 // Revocations is the data account's revocation set and the broker it is applied to.
@@ -86,73 +88,104 @@ type Applied struct {
 }
 
 // Apply puts keys on the set (each revoked at now plus RevokeSkew, once) and makes every server
-// of the broker hold an account JWT that revokes the whole set, then reads it back from each.
-// It checks its own state first: keys already in the set stay as they are, and a broker that
-// already holds them all is not pushed to again, unless force (a start, whose limits may have
-// changed). A re-read that finds the set grew meanwhile applies it again. An error means the
-// keys may not be on the set; once they are, what the broker did not confirm (or, without the
-// operator signing key, could not be told) is Applied's reason.
+// of the broker hold an account JWT that revokes them, then reads it back from each; with force
+// (a start, whose limits may have changed) it signs and pushes the whole set whatever the
+// broker holds. It checks its own state first: keys already in the set keep their time, and a
+// broker that already revokes them is not pushed to again. The keys join the set on their own,
+// before anything is signed: a signing reserved after that (by any replica's end) carries them,
+// so ends that run together share a push instead of queueing a second each; this one pushes
+// itself if that push does not come. Once confirmed it reads the account back again, and
+// applies again if a later push took them away. An error means the keys may not be on the set;
+// once they are, what the broker did not confirm (or, without the operator signing key, could
+// not be told) is Applied's reason.
 func (r *Revocations) Apply(ctx context.Context, keys []string, force bool) (*Applied, error) {
+	added, err := r.set().Update(ctx, func(cur *fence.Observed[revocationSet]) (revocationSet, error) {
+		next := r.withKeys(cur, keys)
+		if !cur.Absent() && maps.Equal(next.Revoked, cur.Row.Revoked) {
+			return revocationSet{}, fence.ErrKeep
+		}
+		return next, nil
+	})
+	if err != nil {
+		return nil, fault.Store(err, "adding to the revocation set of the data account")
+	}
+	want := added.Row.Revoked // what the broker must revoke: the keys at their times
+	if !force {
+		want = map[string]int64{}
+		for _, k := range keys {
+			want[k] = added.Row.Revoked[k]
+		}
+	}
+	after := added.Row.IssuedAt // a signing reserved later than this carries the keys
+	b := &reach{Broker: r.Broker}
 	for {
-		held, err := r.view(ctx)
+		held, err := r.view(ctx, b)
 		if err != nil {
 			held = view{} // unreadable: it covers nothing, so the set is pushed
 		}
 		var token string
 		var issued int64
-		var signErr error
+		var theirs bool
 		o, err := r.set().Update(ctx, func(cur *fence.Observed[revocationSet]) (revocationSet, error) {
-			token, issued, signErr = "", 0, nil
-			next := r.withKeys(cur, keys)
-			changed := cur.Absent() || !maps.Equal(next.Revoked, cur.Row.Revoked)
-			if !force && !changed && held.covers(next.Revoked) {
-				return revocationSet{}, fence.ErrKeep
+			token, issued, theirs = "", 0, false
+			switch {
+			case force:
+			case held.covers(want):
+				return revocationSet{}, fence.ErrKeep // the broker revokes them already
+			case cur.Row.IssuedAt > after:
+				issued, theirs = cur.Row.IssuedAt, true
+				return revocationSet{}, fence.ErrKeep // its writer pushes the keys
 			}
 			// A JWT that revokes anything outranks every one before it: the resolvers keep the
 			// newer of two they exchange, and two of one second share an id. One that revokes
 			// nothing (a start's, with no end behind it) need not wait for the next second.
 			last := max(cur.Row.IssuedAt, held.newest)
-			if len(next.Revoked) == 0 {
+			if len(cur.Row.Revoked) == 0 {
 				last = 0
 			}
-			token, issued, signErr = r.signAfter(ctx, next.Revoked, last)
-			switch {
-			case signErr != nil && !changed:
-				return revocationSet{}, fence.ErrKeep
-			case signErr == nil:
-				next.IssuedAt = issued
+			next := cur.Row
+			var err error
+			if token, next.IssuedAt, err = r.signAfter(ctx, cur.Row.Revoked, last); err != nil {
+				return revocationSet{}, err
 			}
+			issued = next.IssuedAt
 			return next, nil
 		})
-		if err != nil {
-			return nil, fault.Store(err, "writing the revocation set of the data account")
-		}
-		if errors.Is(signErr, space.ErrNoOperatorSigner) {
-			return &Applied{Reason: signErr.Error() + "; the broker keeps its account JWT, and the credentials expire at their clamp"}, nil
-		}
-		if signErr != nil {
-			return nil, fault.Wrap(fault.Internal, signErr, "signing the data account's JWT failed")
+		switch {
+		case errors.Is(err, space.ErrNoOperatorSigner):
+			return &Applied{Reason: err.Error() + "; the broker keeps its account JWT, and the credentials expire at their clamp"}, nil
+		case err != nil:
+			return nil, fault.Store(err, "signing the data account's JWT from its revocation set")
 		}
 		if token != "" {
 			if err := r.Broker.Push(ctx, token); err != nil {
 				return &Applied{Reason: "the broker did not take the account JWT: " + err.Error()}, nil
 			}
 		}
-		if err := r.confirm(ctx, o.Row.Revoked, issued); err != nil {
+		if theirs {
+			wait, cancel := context.WithTimeout(ctx, theirPush)
+			err = r.confirm(wait, b, want, issued)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				after = o.Row.IssuedAt // their push did not come: push the keys here
+				continue
+			}
+		} else {
+			err = r.confirm(ctx, b, want, issued)
+		}
+		if err != nil {
 			return &Applied{Reason: err.Error()}, nil
 		}
-		// The set as it is now: one that grew meanwhile is applied again (by whoever grew it,
-		// and by this call too, should that writer have stopped before its push).
-		now, err := r.set().Observe(ctx)
-		if err != nil {
-			return nil, fault.Store(err, "reading the revocation set of the data account")
-		}
-		if again, err := r.view(ctx); err == nil && again.covers(now.Row.Revoked) {
+		if again, err := r.view(ctx, b); err == nil && again.covers(want) {
 			return &Applied{Done: true}, nil
 		}
-		keys, force = nil, false
+		force = false // an older push landed last: apply again
 	}
 }
+
+// theirPush is how long an end waits for the push of a signing another end reserved with its
+// keys, before it pushes them itself.
+const theirPush = 2 * time.Second
 
 // withKeys is the set observed with keys added (each revoked at now plus RevokeSkew; a key
 // already there keeps its time) and entries older than Forget dropped.
@@ -207,8 +240,8 @@ type view struct {
 }
 
 // view reads the data account back from every server.
-func (r *Revocations) view(ctx context.Context) (view, error) {
-	tokens, err := r.Broker.Lookup(ctx)
+func (r *Revocations) view(ctx context.Context, b *reach) (view, error) {
+	tokens, err := b.lookup(ctx)
 	if err != nil {
 		return view{}, err
 	}
@@ -246,9 +279,9 @@ func (v view) covers(want map[string]int64) bool {
 
 // confirm reads the account back from every server until each holds a JWT issued at issued or
 // later that revokes want, or ctx ends.
-func (r *Revocations) confirm(ctx context.Context, want map[string]int64, issued int64) error {
+func (r *Revocations) confirm(ctx context.Context, b *reach, want map[string]int64, issued int64) error {
 	for attempt := 0; ; attempt++ {
-		v, err := r.view(ctx)
+		v, err := r.view(ctx, b)
 		if err == nil && v.oldest >= issued && v.covers(want) {
 			return nil
 		}
@@ -264,10 +297,11 @@ func (r *Revocations) confirm(ctx context.Context, want map[string]int64, issued
 // Evict waits until the broker lists no connection authenticated with any of keys, or ctx
 // ends, and returns how many of keys it found with none left.
 func (r *Revocations) Evict(ctx context.Context, keys []string) int {
+	b := &reach{Broker: r.Broker}
 	gone := 0
 	for _, k := range keys {
 		for attempt := 0; ; attempt++ {
-			n, err := r.Broker.Connections(ctx, k)
+			n, err := b.connections(ctx, k)
 			if err == nil && n == 0 {
 				gone++
 				break
@@ -278,4 +312,49 @@ func (r *Revocations) Evict(ctx context.Context, keys []string) int {
 		}
 	}
 	return gone
+}
+
+// reach is the broker as one Apply or Evict sees it: its servers counted once, and again after
+// a read that not all of them answered (a server came or went). Each request gets a share of
+// the time left, so a lost answer leaves time to ask again.
+type reach struct {
+	Broker
+	n int
+}
+
+func (b *reach) count(ctx context.Context) error {
+	if b.n > 0 {
+		return nil
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	n, err := b.Servers(ctx)
+	b.n = n
+	return err
+}
+
+func (b *reach) lookup(ctx context.Context) ([]string, error) {
+	if err := b.count(ctx); err != nil {
+		return nil, err
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	tokens, err := b.Lookup(ctx, b.n)
+	if err != nil {
+		b.n = 0
+	}
+	return tokens, err
+}
+
+func (b *reach) connections(ctx context.Context, nkey string) (int, error) {
+	if err := b.count(ctx); err != nil {
+		return 0, err
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	n, err := b.Connections(ctx, nkey, b.n)
+	if err != nil {
+		b.n = 0
+	}
+	return n, err
 }

@@ -35,9 +35,9 @@ type Supervisor struct {
 	// MaxTTL bounds an assignment's expiresAt from now (--max-assignment-ttl).
 	MaxTTL time.Duration
 	Now    func() time.Time
-	// AfterEndStep, when set, runs after each step (1 to 5) of an end; an error stops the end
-	// there, as a crash would. A test seam.
-	AfterEndStep func(step int) error
+	// AfterEndStep, when set, runs after each step (1 to 5) of the end of instance iid's
+	// assignment; an error stops the end there, as a crash would. A test seam.
+	AfterEndStep func(iid string, step int) error
 }
 
 // Minted lists the public keys of the `minted` records of instance iid.
