@@ -35,7 +35,8 @@ type Assign struct {
 }
 
 // Assignment is an owner's platform supervisor assignment as the plane keeps it, and the reply
-// to supervisor-assign. Revision is what supervisor-authority names.
+// to supervisor-assign. Revision (the KV revision, not stored in the row) is what
+// supervisor-authority names.
 type Assignment struct {
 	V                int      `json:"v"`
 	Kind             string   `json:"kind"`
@@ -48,7 +49,7 @@ type Assignment struct {
 	ExpiresAt        int64    `json:"expiresAt"`
 	Scope            []string `json:"scope"`
 	AssignedBy       string   `json:"assignedBy"`
-	Revision         uint64   `json:"revision"`
+	Revision         uint64   `json:"revision,omitempty"`
 }
 
 // SupervisorAuthority is the body of a supervisor-authority request: a manager-service-authority

@@ -32,12 +32,7 @@ type cluster struct {
 // cannot be created before).
 func startCluster(t testing.TB, spaceName string, n int) *cluster {
 	t.Helper()
-	root := t.TempDir()
-	spaceDir := filepath.Join(root, "space")
-	m, err := space.Create(spaceDir, spaceName)
-	if err != nil {
-		t.Fatalf("create space material: %v", err)
-	}
+	root, spaceDir, m := newSpaceMaterial(t, spaceName)
 	c := &cluster{material: m, spaceDir: spaceDir}
 	ports := freePorts(t, n)
 	var routes []string

@@ -69,17 +69,10 @@ func TestREADMESupervisorFlowWorksAsWritten(t *testing.T) {
 		case len(words) == 1 && strings.Contains(words[0], "="):
 			k, v, _ := strings.Cut(words[0], "=")
 			vars[k] = v
-		case len(words) > 2 && words[0] == "go" && words[1] == "run" && words[2] == "./cmd/authplane":
-			p := startAuthplaneIn(t, dir, words[3:]...)
-			if code := p.wait(t, 30*time.Second); code != 0 {
-				t.Fatalf("README line %q: exit %d\n%s", line, code, p.stderr.String())
-			}
+		case isGoRun(words):
+			readmeGoRun(t, dir, line, words)
 		case words[0] == "alias":
-			cli := strings.Fields(strings.TrimPrefix(words[1], "a="))
-			flags := map[string]string{}
-			for i := 1; i+1 < len(cli); i += 2 {
-				flags[cli[i]] = cli[i+1]
-			}
+			flags := readmeAlias(t, line, words[1], "a")
 			nc, err := nats.Connect(info.NATSURL, nats.UserCredentials(filepath.Join(dir, flags["--creds"])), nats.CustomInboxPrefix(flags["--inbox-prefix"]))
 			if err != nil {
 				t.Fatalf("README alias %q: %v", line, err)

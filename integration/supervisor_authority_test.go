@@ -12,8 +12,9 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// shortAssignment is an end two to three seconds from now, in whole seconds.
-func shortAssignment() time.Time { return time.Unix(time.Now().Unix()+3, 0) }
+// shortAssignment is an end three to four seconds from now, in whole seconds: time for a
+// supervised prepare, activate and renewals on a loaded machine, and a short wait after.
+func shortAssignment() time.Time { return time.Unix(time.Now().Unix()+4, 0) }
 
 // waitPast polls until the clock is past end (no sleep and hope).
 func waitPast(t testing.TB, end time.Time) {
@@ -55,11 +56,8 @@ func wantClamped(t testing.TB, end time.Time, materials ...*client.Material) {
 // prepare are refused and write nothing, and the credentials no longer connect.
 func TestEveryCredentialIssuedUnderAnAssignmentExpiresByItsEnd(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	pa := newPlatformAdmin(t, p, "admin")
 	end := shortAssignment()
-	s := pa.assign(end)
-	pa.register(s)
+	p, pa, s := supervisedPlane(t, nil, end)
 	renewed, err := pa.authority(s, client.OpRenew)
 	if err != nil {
 		t.Fatalf("supervised renew: %v", err)
@@ -103,11 +101,8 @@ func TestEveryCredentialIssuedUnderAnAssignmentExpiresByItsEnd(t *testing.T) {
 // the assignment; after it they are refused, with no end called.
 func TestASupervisedManagerRenewingItselfIsClampedToItsAssignmentAndRefusedAfterIt(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	pa := newPlatformAdmin(t, p, "admin")
 	end := shortAssignment()
-	s := pa.assign(end)
-	pa.register(s)
+	p, _, s := supervisedPlane(t, nil, end)
 	grant(t, p, s.owner, "cli", "supervise")
 	person := callerConn(t, p, s.owner, "cli")
 	quiet := (&asyncErrors{}).option() // their expiry is expected

@@ -106,6 +106,20 @@ func wantEndReport(t testing.TB, s *supervised, r *client.EndReport, minted []st
 	}
 }
 
+// endEvicting ends s and fails the test unless the report is complete and the broker closed
+// the supervisor's and the executor's connections.
+func endEvicting(t testing.TB, pa *platformAdmin, s *supervised, sup, exec *evictionWatch) *client.EndReport {
+	t.Helper()
+	report, err := pa.end(s)
+	if err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	wantEndReport(t, s, report, identityKeys(t, s.m))
+	sup.wantEvicted(t, subjects.DutySupervisor)
+	exec.wantEvicted(t, subjects.DutyExecutor)
+	return report
+}
+
 // identityKeys are the five duty keys of m, sorted: what a registered instance's minted
 // records name.
 func identityKeys(t testing.TB, m *managerKeys) []string {
@@ -125,10 +139,7 @@ func identityKeys(t testing.TB, m *managerKeys) []string {
 // gate); a repeat of the end reports the same.
 func TestSupervisorEndEvictsTheSupervisorAndExecutorAtTheEmbeddedBroker(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
 
 	sup := watchDuty(t, p.NATSURL(), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
 	exec := watchDuty(t, p.NATSURL(), s, subjects.DutyExecutor, s.prep.Credentials["executor"].JWT)
@@ -137,20 +148,14 @@ func TestSupervisorEndEvictsTheSupervisorAndExecutorAtTheEmbeddedBroker(t *testi
 		t.Fatalf("own renewal before the end: got %s %q", o.code, o.message)
 	}
 
-	report, err := pa.end(s)
-	if err != nil {
-		t.Fatalf("end: %v", err)
-	}
-	wantEndReport(t, s, report, identityKeys(t, s.m))
-	sup.wantEvicted(t, subjects.DutySupervisor)
-	exec.wantEvicted(t, subjects.DutyExecutor)
+	report := endEvicting(t, pa, s, sup, exec)
 	for _, d := range []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor} {
 		wantRefusedToConnect(t, p.NATSURL(), s, d, s.prep.Credentials[string(d)].JWT)
 	}
 	wantRefusedToConnect(t, p.NATSURL(), s, subjects.DutyServe, s.act.Credentials["serve"].JWT)
 
 	before := storeSeqs(t, p)
-	_, err = pa.authority(s, client.OpRenew)
+	_, err := pa.authority(s, client.OpRenew)
 	wantRefusal(t, "supervisor-authority after the end", err, "permission-denied", endedText(s.owner))
 	_, err = pa.c.Assign(callCtx(t), s.assignBody(time.Now().Add(time.Hour)))
 	wantRefusal(t, "re-assigning the ended lifecycle", err, "permission-denied", endedText(s.owner))
@@ -187,21 +192,12 @@ func TestSupervisorEndEvictsTheSupervisorAndExecutorAtTheEmbeddedBroker(t *testi
 func TestSupervisorEndRevokesOnAThreeNodeCluster(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t, testSpace, 3)
-	p := startPlane(t, againstCluster(c))
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	_, pa, s := supervisedPlane(t, againstCluster(c), time.Now().Add(time.Hour))
 
 	sup := watchDuty(t, c.URL(1), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
 	exec := watchDuty(t, c.URL(2), s, subjects.DutyExecutor, s.prep.Credentials["executor"].JWT)
 
-	report, err := pa.end(s)
-	if err != nil {
-		t.Fatalf("end: %v", err)
-	}
-	wantEndReport(t, s, report, identityKeys(t, s.m))
-	sup.wantEvicted(t, subjects.DutySupervisor)
-	exec.wantEvicted(t, subjects.DutyExecutor)
+	endEvicting(t, pa, s, sup, exec)
 	for i := range 3 {
 		for _, d := range []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor} {
 			wantRefusedToConnect(t, c.URL(i), s, d, s.prep.Credentials[string(d)].JWT)
@@ -251,10 +247,7 @@ func writeAssignment(t testing.TB, p *testPlane, owner string, edit func(row map
 // and nothing is minted.
 func TestAnEndedLifecycleStaysEndedWhenItsGateAndAssignmentAreRewritten(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
 	if _, err := pa.end(s); err != nil {
 		t.Fatalf("end: %v", err)
 	}

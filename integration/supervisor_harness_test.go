@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -50,7 +51,19 @@ func newPlatformAdmin(t testing.TB, p *testPlane, actor string) *platformAdmin {
 	return &platformAdmin{t: t, nc: nc, c: c}
 }
 
-// ctx is a context for one call.
+// supervisedPlane starts a plane from testConfig changed by mutate (which may be nil), a
+// platform admin on it, and one lifecycle of a fresh owner assigned until end and registered
+// (prepared and activated) through supervisor-authority.
+func supervisedPlane(t testing.TB, mutate func(*service.Config), end time.Time) (*testPlane, *platformAdmin, *supervised) {
+	t.Helper()
+	p := startPlane(t, mutate)
+	pa := newPlatformAdmin(t, p, "admin")
+	s := pa.assign(end)
+	pa.register(s)
+	return p, pa, s
+}
+
+// callCtx is a context for one call.
 func callCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)

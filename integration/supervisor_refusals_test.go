@@ -91,7 +91,7 @@ func supRefusals() []supRefusal {
 		{name: "assign past --max-assignment-ttl", endpoint: assign, admin: true, body: func(c *supCase) any {
 			return with(c.assignBody(), "expiresAt", time.Now().Add(31*24*time.Hour).Unix())
 		}, code: "bad-request", text: fixed("--max-assignment-ttl")},
-		{name: "assign with no end", endpoint: assign, admin: true, body: func(c *supCase) any { return without(c.assignBody(), "expiresAt") }, code: "bad-request", text: fixed("field expiresAt: missing")},
+		{name: "assign with no end", endpoint: assign, admin: true, body: func(c *supCase) any { return without(c.assignBody(), "expiresAt") }, code: "bad-request", text: fixed("field expiresAt: want a time in the future")},
 		{name: "assign over an assignment in force", endpoint: assign, admin: true, setup: (*supCase).assign,
 			body: func(c *supCase) any { return with(c.assignBody(), "lifecycleUid", newManagerKeys(c.t).uid) },
 			code: "failed-precondition", text: func(c *supCase) string {

@@ -20,10 +20,7 @@ import (
 // stream's configuration refuses it, not the plane.
 func TestTheAcceptedRowStreamRefusesASecondWriteEvenFromAWriterThatBypassesThePlane(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	p, _, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
 
 	ctx := callCtx(t)
 	bucket := subjects.AcceptedBucket(testSpace)
@@ -74,10 +71,7 @@ func TestTheRevocationSetIsReappliedAtEveryStart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	onDir := func(c *service.Config) { c.Dir = dir }
-	p := startPlane(t, onDir)
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	p, pa, s := supervisedPlane(t, onDir, time.Now().Add(time.Hour))
 	if _, err := pa.end(s); err != nil {
 		t.Fatalf("end: %v", err)
 	}
@@ -102,10 +96,7 @@ func TestWithoutTheOperatorSigningKeyAnEndSaysItDidNotRevoke(t *testing.T) {
 	if err := os.Remove(filepath.Join(sa.spaceDir, "operator-signing.nk")); err != nil {
 		t.Fatal(err)
 	}
-	p := startPlane(t, againstStandalone(sa))
-	pa := newPlatformAdmin(t, p, "admin")
-	s := pa.assign(time.Now().Add(time.Hour))
-	pa.register(s)
+	_, pa, s := supervisedPlane(t, againstStandalone(sa), time.Now().Add(time.Hour))
 	r, err := pa.end(s)
 	if err != nil {
 		t.Fatalf("end: %v", err)

@@ -20,21 +20,11 @@ import (
 )
 
 // Assignment is `assignment.<owner>` in the platform bucket: the original's host record, plus
-// who assigned it and a writer-unique nonce. Its revision is the KV revision. Instance,
-// lifecycle and expiresAt never change; ended is terminal.
+// who assigned it and a writer-unique nonce. Its revision is the KV revision (never stored).
+// Instance, lifecycle and expiresAt never change; ended is terminal.
 type Assignment struct {
-	V                int      `json:"v"`
-	Kind             string   `json:"kind"`
-	Owner            string   `json:"owner"`
-	Space            string   `json:"space"`
-	AccountPublicKey string   `json:"accountPublicKey"`
-	InstanceID       string   `json:"instanceId"`
-	LifecycleUID     string   `json:"lifecycleUid"`
-	State            string   `json:"state"`
-	ExpiresAt        int64    `json:"expiresAt"` // seconds
-	Scope            []string `json:"scope"`
-	AssignedBy       string   `json:"assignedBy"`
-	Nonce            string   `json:"nonce"`
+	client.Assignment
+	Nonce string `json:"nonce"`
 }
 
 // parseAssignment decodes and checks a stored assignment.
@@ -48,8 +38,8 @@ func parseAssignment(data []byte) (Assignment, error) {
 		return Assignment{}, errors.New("not a version 1 platform-supervisor row")
 	case a.State != client.StateAssigned && a.State != client.StateEnded:
 		return Assignment{}, fmt.Errorf("state %q", a.State)
-	case a.Nonce == "":
-		return Assignment{}, errors.New("no nonce")
+	case a.Nonce == "" || a.Revision != 0:
+		return Assignment{}, errors.New("no nonce, or a stored revision")
 	}
 	return a, nil
 }
@@ -62,12 +52,11 @@ func (s *Supervisor) assignmentOf(owner string) *fence.Fence[Assignment] {
 // observedAssignment is an assignment as read: the row and its revision.
 type observedAssignment = fence.Observed[Assignment]
 
-// record is the reply form of an observed assignment.
+// record is the reply form of an observed assignment: the row and its revision.
 func record(o *observedAssignment) *client.Assignment {
-	a := o.Row
-	return &client.Assignment{V: a.V, Kind: a.Kind, Owner: a.Owner, Space: a.Space, AccountPublicKey: a.AccountPublicKey,
-		InstanceID: a.InstanceID, LifecycleUID: a.LifecycleUID, State: a.State, ExpiresAt: a.ExpiresAt,
-		Scope: a.Scope, AssignedBy: a.AssignedBy, Revision: o.Revision}
+	a := o.Row.Assignment
+	a.Revision = o.Revision
+	return &a
 }
 
 // auditOf names an observed assignment in a record.
@@ -119,16 +108,6 @@ func (s *Supervisor) readAssignment(ctx context.Context, owner string) (*observe
 	return o, nil
 }
 
-// assignBody is a supervisor-assign request as the plane parses it.
-type assignBody struct {
-	V            int    `json:"v"`
-	Kind         string `json:"kind"`
-	Owner        string `json:"owner"`
-	InstanceID   string `json:"instanceId"`
-	LifecycleUID string `json:"lifecycleUid"`
-	ExpiresAt    *int64 `json:"expiresAt"`
-}
-
 // Assign serves supervisor-assign for caller: it writes `assignment.<owner>` assigned to the
 // body's instance and lifecycle until expiresAt, and records `assigned`. A repeat of the
 // assignment in force returns it unchanged. about comes back with what the body was about.
@@ -138,33 +117,19 @@ type assignBody struct {
 // ended, with the ended text), failed-precondition (an assignment in force for another
 // lifecycle: end it first; a delete marker), unavailable (stores).
 func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.Assignment, audit.Request, error) {
-	var req assignBody
+	var req client.Assign
 	if err := body.Decode(data, &req); err != nil {
 		return nil, about, err
 	}
-	if req.Kind == client.KindAssign {
-		about.Kind = req.Kind
-	}
-	if subjects.ValidUID(req.InstanceID) {
-		about.InstanceID = req.InstanceID
+	about = aboutTarget(about, req.Kind, client.KindAssign, req.InstanceID)
+	if err := checkTarget(req.V, req.Kind, client.KindAssign, req.Owner, req.InstanceID, req.LifecycleUID); err != nil {
+		return nil, about, err
 	}
 	now := s.Now()
 	switch {
-	case req.V != 1:
-		return nil, about, fault.Field("v", "want 1")
-	case req.Kind != client.KindAssign:
-		return nil, about, fault.Field("kind", "want %q", client.KindAssign)
-	case !subjects.ValidUserOwner(req.Owner):
-		return nil, about, fault.Field("owner", "want u_ followed by 26 base32-lower characters")
-	case !subjects.ValidUID(req.InstanceID):
-		return nil, about, fault.Field("instanceId", "want [a-z0-9]{26,32}")
-	case !subjects.ValidUID(req.LifecycleUID):
-		return nil, about, fault.Field("lifecycleUid", "want [a-z0-9]{26,32}")
-	case req.ExpiresAt == nil:
-		return nil, about, fault.Field("expiresAt", "missing")
-	case *req.ExpiresAt <= now.Unix():
+	case req.ExpiresAt <= now.Unix():
 		return nil, about, fault.Field("expiresAt", "want a time in the future (seconds since the epoch)")
-	case time.Unix(*req.ExpiresAt, 0).After(now.Add(s.MaxTTL)):
+	case time.Unix(req.ExpiresAt, 0).After(now.Add(s.MaxTTL)):
 		return nil, about, fault.Field("expiresAt", "want at most --max-assignment-ttl (%s) from now", s.MaxTTL)
 	}
 	if err := s.requirePlatformAdmin(ctx, caller); err != nil {
@@ -183,9 +148,9 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 			return nil, about, Ended(req.Owner, nil)
 		}
 	}
-	want := Assignment{V: 1, Kind: client.KindAssignment, Owner: req.Owner, Space: s.Space, AccountPublicKey: s.Account,
-		InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: client.StateAssigned, ExpiresAt: *req.ExpiresAt,
-		Scope: []string{ledger.Supervise}, AssignedBy: caller.String()}
+	want := Assignment{Assignment: client.Assignment{V: 1, Kind: client.KindAssignment, Owner: req.Owner, Space: s.Space,
+		AccountPublicKey: s.Account, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: client.StateAssigned,
+		ExpiresAt: req.ExpiresAt, Scope: []string{ledger.Supervise}, AssignedBy: caller.String()}}
 	o, err := s.assignmentOf(req.Owner).Update(ctx, func(cur *observedAssignment) (Assignment, error) {
 		a := cur.Row
 		switch {
@@ -230,3 +195,32 @@ func (s *Supervisor) Vouch(ctx context.Context, owner, iid, uid string) error {
 
 // exactlySupervise reports whether scope is exactly ["supervise"].
 func exactlySupervise(scope []string) bool { return slices.Equal(scope, []string{ledger.Supervise}) }
+
+// aboutTarget is about with what a supervisor body names, as far as it passed its grammar.
+func aboutTarget(about audit.Request, kind, wantKind, iid string) audit.Request {
+	if kind == wantKind {
+		about.Kind = kind
+	}
+	if subjects.ValidUID(iid) {
+		about.InstanceID = iid
+	}
+	return about
+}
+
+// checkTarget refuses a supervisor body (assign, end) whose version, kind, owner, instance or
+// lifecycle is off its grammar, naming the field.
+func checkTarget(v int, kind, wantKind, owner, iid, uid string) error {
+	switch {
+	case v != 1:
+		return fault.Field("v", "want 1")
+	case kind != wantKind:
+		return fault.Field("kind", "want %q", wantKind)
+	case !subjects.ValidUserOwner(owner):
+		return fault.Field("owner", "want u_ followed by 26 base32-lower characters")
+	case !subjects.ValidUID(iid):
+		return fault.Field("instanceId", "want [a-z0-9]{26,32}")
+	case !subjects.ValidUID(uid):
+		return fault.Field("lifecycleUid", "want [a-z0-9]{26,32}")
+	}
+	return nil
+}

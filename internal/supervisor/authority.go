@@ -48,9 +48,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 	if err := body.Decode(data, &env); err != nil {
 		return nil, about, err
 	}
-	if env.Kind == client.KindSupervisorAuthority {
-		about.Kind = env.Kind
-	}
+	about = aboutTarget(about, env.Kind, client.KindSupervisorAuthority, "")
 	switch {
 	case env.V != 1:
 		return nil, about, fault.Field("v", "want 1")
