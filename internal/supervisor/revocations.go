@@ -19,10 +19,11 @@ import (
 )
 
 // The data account's revocation set: `revocations.<account>` in the fence bucket, every user
-// nkey an end revoked and when, and the issue time of the last account JWT signed from it. The
-// broker's resolver ignores an account JWT that is not newer than the one it holds (and two
-// signed in one second share an id), so each signing reserves a later issue time in the row, by
-// CAS, before its JWT is pushed: the newest JWT any replica pushes carries the whole set.
+// nkey an end revoked and when, and the issue time of the last account JWT signed from it.
+// Resolvers that exchange account JWTs (a cluster's, a restarted server's) keep the newer of
+// two, and two signed in one second share an id, so each signing reserves a later issue time in
+// the row, by CAS, before its JWT is pushed: the newest JWT any replica signs carries the whole
+// set as it was when reserved.
 
 // RevokeSkew is how far past the end's own clock a key is revoked: credentials a replica with
 // a clock that far ahead signed before the freeze are revoked too.
