@@ -29,12 +29,7 @@ func (s *standalone) URL() string { return s.srv.ClientURL() }
 // nats-server from that file. It doubles as the check that init's config is accepted.
 func startStandalone(t testing.TB, spaceName string) *standalone {
 	t.Helper()
-	root := t.TempDir()
-	spaceDir := filepath.Join(root, "space")
-	m, err := space.Create(spaceDir, spaceName)
-	if err != nil {
-		t.Fatalf("create space material: %v", err)
-	}
+	root, spaceDir, m := newSpaceMaterial(t, spaceName)
 	conf := filepath.Join(spaceDir, "nats-server.conf")
 	if err := os.WriteFile(conf, []byte(m.ServerConf(filepath.Join(root, "nats"), "127.0.0.1:-1")), 0o644); err != nil {
 		t.Fatal(err)
@@ -42,6 +37,19 @@ func startStandalone(t testing.TB, spaceName string) *standalone {
 	s := &standalone{material: m, spaceDir: spaceDir, conf: conf}
 	s.srv = runServerConf(t, conf)
 	return s
+}
+
+// newSpaceMaterial creates space material for spaceName in root/space, root a fresh directory
+// for the servers' stores beside it.
+func newSpaceMaterial(t testing.TB, spaceName string) (root, spaceDir string, m *space.Keys) {
+	t.Helper()
+	root = t.TempDir()
+	spaceDir = filepath.Join(root, "space")
+	m, err := space.Create(spaceDir, spaceName)
+	if err != nil {
+		t.Fatalf("create space material: %v", err)
+	}
+	return root, spaceDir, m
 }
 
 // runServerConf runs a nats-server from the configuration file conf, the way `nats-server -c`

@@ -74,19 +74,19 @@ func (p *Plane) renewEvery(what string, fn func()) {
 	p.onClose("stop renewing the "+what, func() error { close(stop); <-done; return nil })
 }
 
-// connectStore opens the store connection, renewed by reconnecting with a fresh user: a store
-// call cut off by it has an unknown outcome, which every writer settles by re-reading.
-func (p *Plane) connectStore(iss *mint.Issuer) (*nats.Conn, error) {
-	nc, err := p.dial("store", iss, subjects.StorePermissions(p.cfg.Space))
+// connectRenewed opens one of the plane's own connections (the store's, the system user's),
+// renewed by reconnecting with a fresh user: a store call cut off by it has an unknown outcome,
+// which every writer settles by re-reading.
+func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
+	nc, err := p.dial(role, iss, perms)
 	if err != nil {
 		return nil, err
 	}
-	p.storeNC = nc
 	// A drain waits for requests in flight: each may take its whole deadline.
-	p.onClose("drain the store connection", func() error { return drain(nc, p.drainTimeout()) })
-	p.renewEvery("store user", func() {
+	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.drainTimeout()) })
+	p.renewEvery(role+" user", func() {
 		if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-			p.log.Warn("renewing the plane's store user failed", "err", err)
+			p.log.Warn("renewing the plane's "+role+" user failed", "err", err)
 		}
 	})
 	return nc, nil

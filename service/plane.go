@@ -21,6 +21,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -67,6 +68,8 @@ type Plane struct {
 	serving  atomic.Pointer[serving]
 	callout  atomic.Pointer[nats.Conn]
 	metrics  *metrics.Metrics
+	// revocations is the data account's revocation set, applied through the system user.
+	revocations *supervisor.Revocations
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -139,13 +142,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	storeNC, err := p.connectStore(planeIssuer)
-	if err != nil {
+	if p.storeNC, err = p.connectRenewed("store", planeIssuer, subjects.StorePermissions(cfg.Space)); err != nil {
 		return nil, err
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p.stores, err = store.Open(openCtx, storeNC, cfg.Space, store.Options{
+	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
@@ -198,33 +200,38 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
 
-// applyAccountPolicy re-signs the data account's JWT with this start's limits and pushes it to
-// the broker as a system-account user. Without the operator signing key it says so and leaves
-// the account as the material has it.
+// applyAccountPolicy re-signs the data account's JWT with this start's limits and the
+// revocation set, and pushes it to every server as the plane's system user, so a broker that
+// lost the set gets it back. Without the operator signing key it says so and leaves the
+// account as the material has it.
 func (p *Plane) applyAccountPolicy(ctx context.Context) error {
-	token, err := p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections})
-	if errors.Is(err, space.ErrNoOperatorSigner) {
-		p.log.Warn("the data account keeps the limits of the space material: " + err.Error())
+	sysIssuer, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
+	if err != nil {
+		return err
+	}
+	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public()))
+	if err != nil {
+		return err
+	}
+	p.revocations = &supervisor.Revocations{
+		Gates:   p.stores.Auth,
+		Account: p.keys.Data.Public(),
+		Sign: func(revoked map[string]int64) (string, error) {
+			return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
+		},
+		Broker: broker.Account{NC: system, Public: p.keys.Data.Public()},
+		Now:    p.cfg.Now,
+	}
+	if p.keys.OperatorSigner == nil {
+		p.log.Warn("the data account keeps the limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
+	applied, err := p.revocations.Apply(ctx, nil, true)
 	if err != nil {
-		return err
+		return fmt.Errorf("data account policy: %w", err)
 	}
-	iss, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
-	if err != nil {
-		return err
-	}
-	auth, err := iss.Connect("plane.system_"+p.identity.InstanceID, subjects.SystemPermissions(), time.Minute)
-	if err != nil {
-		return err
-	}
-	nc, err := nats.Connect(p.info.NATSURL, auth, nats.Name("authplane system "+p.identity.InstanceID))
-	if err != nil {
-		return fmt.Errorf("connect system user to %s: %w", p.info.NATSURL, err)
-	}
-	defer nc.Close()
-	if err := broker.PushAccount(ctx, nc, p.keys.Data.Public(), token); err != nil {
-		return fmt.Errorf("data account limits: %w", err)
+	if !applied.Done {
+		return fmt.Errorf("data account policy: %s", applied.Reason)
 	}
 	return nil
 }

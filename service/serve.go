@@ -13,6 +13,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -69,13 +70,32 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
+	sup := &supervisor.Supervisor{
+		Space:       cfg.Space,
+		Account:     p.keys.Data.Public(),
+		Platform:    p.stores.Platform,
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Issued:      p.stores.Issued,
+		Accepted:    p.stores.Accepted,
+		Engine:      engine,
+		Minted:      p.stores,
+		Revocations: p.revocations,
+		Audit:       recorder,
+		MaxTTL:      cfg.MaxAssignmentTTL,
+		Now:         cfg.Now,
+	}
+	if cfg.Hooks != nil {
+		sup.AfterEndStep = cfg.Hooks.AfterEndStep
+	}
+	engine.Assignments = sup
 	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
-		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
-		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
-		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+		subjects.EndpointSupervisorAssign:    handlers.SupervisorAssign(sup),
+		subjects.EndpointSupervisorAuthority: handlers.SupervisorAuthority(sup),
+		subjects.EndpointSupervisorEnd:       handlers.SupervisorEnd(sup),
 	}
 	if d.http, err = p.httpDoors(d); err != nil {
 		return nil, err
@@ -103,8 +123,8 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
 		if err == nil {
 			// A round trip: the broker holds every subscription before anyone counts on them
-			// (a caller after Start, the old generation about to stop).
-			err = nc.FlushTimeout(p.cfg.RequestTimeout)
+			// (a caller right behind the start, the old generation about to stop).
+			err = nc.FlushTimeout(cfg.RequestTimeout)
 		}
 		s := &serving{nc: nc, svcs: svcs}
 		if err != nil {

@@ -129,11 +129,17 @@ func StorePermissions(space string) Permissions {
 	}
 }
 
-// SystemPermissions are those of the plane's short-lived system-account user: it pushes account
-// JWTs to the broker's resolver, and nothing else.
-func SystemPermissions() Permissions {
+// SystemPermissions are those of the plane's system-account user: it pushes the data account's
+// JWT to the broker's resolvers, reads it back from each, lists that account's connections on
+// each server, and counts the servers; nothing else, and for no other account.
+func SystemPermissions(dataAccount string) Permissions {
 	return Permissions{
-		Pub: []string{"$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"},
+		Pub: []string{
+			AccountClaimsUpdate(dataAccount),
+			AccountClaimsLookup(dataAccount),
+			AccountConnz(dataAccount),
+			ServerPing,
+		},
 		Sub: []string{"_INBOX.>"},
 	}
 }

@@ -88,7 +88,22 @@ type Decision struct {
 	Code        string       `json:"code,omitempty"`
 	Message     string       `json:"message,omitempty"`
 	Credentials []Credential `json:"credentials,omitempty"`
-	At          int64        `json:"at"` // milliseconds
+	// Assignment is the platform supervisor assignment an `assigned` or `ended` record is about.
+	Assignment *Assignment `json:"assignment,omitempty"`
+	// Revoked are the user nkeys an `ended` record put on the data account's revocation set.
+	Revoked []string `json:"revoked,omitempty"`
+	At      int64    `json:"at"` // milliseconds
+}
+
+// Assignment names a platform supervisor assignment in a record: the owner it acts for, the
+// instance and lifecycle it covers, its end (seconds), its state and revision.
+type Assignment struct {
+	Owner        string `json:"owner"`
+	InstanceID   string `json:"instanceId"`
+	LifecycleUID string `json:"lifecycleUid"`
+	ExpiresAt    int64  `json:"expiresAt"`
+	State        string `json:"state"`
+	Revision     uint64 `json:"revision"`
 }
 
 // Decision names.
@@ -175,6 +190,18 @@ func (w *Writer) LogMinted(req Request, creds []Credential) {
 // Discarded records a signed mint that did not commit: nothing was sent.
 func (w *Writer) Discarded(ctx context.Context, req Request, creds []Credential, refusal *fault.Error) {
 	w.record(ctx, Decision{Decision: Discarded, Request: req, Code: string(refusal.Code), Message: refusal.Message, Credentials: creds}, refusal.Cause)
+}
+
+// Assigned records a platform supervisor assignment written (or found already written) for
+// the caller of req.
+func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
+	w.record(ctx, Decision{Decision: Assigned, Request: req, Assignment: &a}, nil)
+}
+
+// Ended records the end of a platform supervisor assignment: why (reason, as the caller gave
+// it, at most fault.MaxMessage bytes), and every credential key it revoked.
+func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked []string) {
+	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked}, nil)
 }
 
 // Refused records a request refused before anything was signed: in full while the caller's
@@ -279,6 +306,12 @@ func (w *Writer) summarize(ctx context.Context, owner string, win *window) {
 func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	d.V, d.At = 1, w.now().UnixMilli()
 	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
+	if a := d.Assignment; a != nil {
+		attrs = append(attrs, slog.Group("assignment", "owner", a.Owner, "lifecycle", a.LifecycleUID, "expires_at", a.ExpiresAt, "state", a.State, "revision", a.Revision))
+	}
+	if len(d.Revoked) > 0 {
+		attrs = append(attrs, "revoked", d.Revoked)
+	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo
 	switch {

@@ -28,6 +28,10 @@ var (
 	ErrUnknownOutcome = errors.New("fence write outcome unknown")
 	// ErrMalformed: the stored row does not parse.
 	ErrMalformed = errors.New("fence row malformed")
+	// ErrKeep is what an Update's decide returns (alone or wrapped) when the row as observed is
+	// already what it wants: Update then writes nothing and returns the observation. It lets a
+	// step that checks its own state first be a no-op on a retry.
+	ErrKeep = errors.New("keep the row as observed")
 )
 
 // KV is the part of a bucket a fence needs: store.KV, or storetest.KV in unit tests.
@@ -205,7 +209,8 @@ func (f *Fence[T]) landed(data []byte, n uint64) (*Observed[T], error) {
 
 // Update observes the fence and writes decide's row for what it saw, again from a fresh
 // observation each time the fence moves first, until a write lands or ctx ends. decide may
-// refuse (its error is returned as is); it sees Absent() for a key never written. ErrGone and
+// refuse (its error is returned as is), or return ErrKeep to leave the row as observed (Update
+// then returns that observation); it sees Absent() for a key never written. ErrGone and
 // ErrMalformed are final. decide must be safe to apply twice: a write of unknown outcome that
 // did land, followed by another writer's change, reads as moved and is decided again.
 func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
@@ -215,6 +220,9 @@ func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, err
 			return nil, err
 		}
 		next, err := decide(o)
+		if errors.Is(err, ErrKeep) {
+			return o, nil
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -6,6 +6,7 @@ package space
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -14,11 +15,14 @@ import (
 )
 
 // DataPolicy is what the running plane sets on the data account beyond what the material
-// says: its limits (and, as the supervisor's end lands, its revocations).
+// says: its limits and its revocations.
 type DataPolicy struct {
 	// MaxConnections bounds the account's connections, the plane's own serving ones included;
 	// 0 leaves them unbounded.
 	MaxConnections int64
+	// Revocations revokes each user nkey's credentials issued at or before its time (unix
+	// seconds): the supervisor ends' revocation set.
+	Revocations map[string]int64
 }
 
 // ErrNoOperatorSigner means the operator signing key is kept elsewhere: the plane cannot
@@ -48,6 +52,9 @@ func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
 	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
 	if p.MaxConnections > 0 {
 		data.Limits.Conn = p.MaxConnections
+	}
+	for key, at := range p.Revocations {
+		data.RevokeAt(key, time.Unix(at, 0))
 	}
 	for _, subj := range subjects.RunStartExports(m.Space) {
 		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
