@@ -161,7 +161,7 @@ func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Du
 	if err != nil {
 		return nil, fault.Store(err, "issuing the bearer")
 	}
-	f.h.Log.Info("bearer issued", "caller", c.Principal(), "view", view, "agent", agent, "exp", exp.Unix())
+	f.h.Records.Exchanged(ctx, c.About(), audit.Bearer{View: view, Agent: agent, Exp: exp.Unix()})
 	return ExchangeReply{Token: token, Owner: c.Owner, Exp: exp.Unix()}, nil
 }
 

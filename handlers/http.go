@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
@@ -47,6 +48,8 @@ type HTTP struct {
 	// Health says whether the plane can serve, and if not, why.
 	Health func(ctx context.Context) (ok bool, reason string)
 	Keys   *bearer.Keys
+	// Records records every bearer issued.
+	Records Exchanges
 	// IdP verifies the identity provider's tokens; nil when the space trusts none.
 	IdP         *idp.Verifier
 	OwnerSecret []byte
@@ -64,6 +67,11 @@ type HTTP struct {
 	TrustedProxy bool
 	Log          *slog.Logger
 	Now          func() time.Time
+}
+
+// Exchanges records the bearers /exchange issues (audit.Writer).
+type Exchanges interface {
+	Exchanged(ctx context.Context, req audit.Request, b audit.Bearer)
 }
 
 // face is one listener's state: its routes and budgets.

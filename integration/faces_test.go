@@ -21,6 +21,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
@@ -482,6 +483,11 @@ func TestAgentExchangeRefreshAndRevoke(t *testing.T) {
 		act, _ := c["act"].(map[string]any)
 		if left := e.Exp - before; left < 295 || left > 300 || e.Owner != ownerA || act["agent"] != true || act["view"] != "caller" || act["actor"] != "worker" {
 			t.Errorf("%s agent exchange: got owner %s, %d s, act %v; want %s, 300 s, an agent's caller bearer", fc.name, e.Owner, left, act, ownerA)
+		}
+		var rec audit.Decision
+		readRecord(t, f.testPlane, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, audit.Exchanged, ownerA, "worker"), &rec)
+		if rec.Bearer == nil || *rec.Bearer != (audit.Bearer{View: "caller", Agent: true, Exp: e.Exp}) || rec.Endpoint != "exchange" || strings.Contains(string(mustJSON(t, rec)), e.Token) {
+			t.Errorf("%s agent exchange: the exchanged record %+v, want the bearer's view, agent and exp (%d), never the token", fc.name, rec, e.Exp)
 		}
 		for ttl, want := range map[int]int64{60: 60, 5000: 300} {
 			body := map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret, "ttlSec": ttl}

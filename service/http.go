@@ -34,7 +34,7 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
 		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, Log: p.log.With("face", "http"), Now: cfg.Now,
-		Metrics: p.metrics.Handler(),
+		Metrics: p.metrics.Handler(), Records: d.records,
 	}
 	if cfg.IdP.URL != "" {
 		v, err := idp.New(cfg.IdPConfig(), cfg.Now)

@@ -29,6 +29,7 @@ type serving struct {
 // doors are what every call passes and what serves it, built once and served on the bus and on
 // HTTP: the guard, the issuance pipeline, every endpoint's handler, the HTTP doors.
 type doors struct {
+	records *audit.Writer
 	guard   *handlers.Guard
 	fns     map[string]handlers.Func
 	http    *handlers.HTTP
@@ -89,7 +90,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load, Metrics: p.metrics}}
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),

@@ -92,6 +92,8 @@ type Decision struct {
 	Assignment *Assignment `json:"assignment,omitempty"`
 	// Revoked are the user nkeys an `ended` record put on the data account's revocation set.
 	Revoked []string `json:"revoked,omitempty"`
+	// Bearer is the bearer an `exchanged` record is about.
+	Bearer *Bearer `json:"bearer,omitempty"`
 	At      int64    `json:"at"` // milliseconds
 }
 
@@ -106,12 +108,21 @@ type Assignment struct {
 	Revision     uint64 `json:"revision"`
 }
 
+// Bearer names a bearer in an `exchanged` record: its view, whether an agent's secret bought
+// it, and its expiry (seconds); never the token.
+type Bearer struct {
+	View  string `json:"view"`
+	Agent bool   `json:"agent,omitempty"`
+	Exp   int64  `json:"exp"`
+}
+
 // Decision names.
 const (
 	Refused   = "refused"
 	Discarded = "discarded"
 	Assigned  = "assigned"
 	Ended     = "ended"
+	Exchanged = "exchanged"
 	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
 	RefusedSummary = "refused-summary"
 )
@@ -202,6 +213,11 @@ func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
 // it, at most fault.MaxMessage bytes), and every credential key it revoked.
 func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked []string) {
 	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked}, nil)
+}
+
+// Exchanged records a bearer issued by /exchange to the caller of req.
+func (w *Writer) Exchanged(ctx context.Context, req Request, b Bearer) {
+	w.record(ctx, Decision{Decision: Exchanged, Request: req, Bearer: &b}, nil)
 }
 
 // Refused records a request refused before anything was signed: in full while the caller's
@@ -311,6 +327,9 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	}
 	if len(d.Revoked) > 0 {
 		attrs = append(attrs, "revoked", d.Revoked)
+	}
+	if b := d.Bearer; b != nil {
+		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
 	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo
