@@ -168,19 +168,31 @@ func WriteCreds(path string, m *space.Keys, o CredsOptions, now time.Time) error
 // connecting to natsURL as a short-lived plane-account user. The plane must have created its
 // buckets (it has run once).
 func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
-	nc, err := ConnectPlaneAccount(m, natsURL, "grant")
+	kv, done, err := openBucket(ctx, m, natsURL, "grant", subjects.ActorsBucket(m.Space))
 	if err != nil {
 		return ledger.Row{}, err
 	}
-	defer nc.Close()
-	kv, err := store.OpenBucket(ctx, nc, subjects.ActorsBucket(m.Space))
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return ledger.Row{}, fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", subjects.ActorsBucket(m.Space), natsURL)
-	}
-	if err != nil {
-		return ledger.Row{}, err
-	}
+	defer done()
 	return ledger.SetScope(ctx, kv, owner, actor, scope, time.Now())
+}
+
+// openBucket opens one of the plane's buckets on natsURL as a short-lived plane-account user
+// named for role; done closes the connection. A bucket that does not exist yet means no plane
+// has run against this broker.
+func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string) (kv *store.KV, done func(), err error) {
+	nc, err := ConnectPlaneAccount(m, natsURL, role)
+	if err != nil {
+		return nil, nil, err
+	}
+	kv, err = store.OpenBucket(ctx, nc, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, natsURL)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return kv, nc.Close, nil
 }
 
 // ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,
@@ -271,4 +283,21 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 		return nil, err
 	}
 	return body, files.WriteAtomic(filepath.Join(dir, "prepare.json"), append(body, '\n'), 0o644)
+}
+
+// MigrateIdentity moves the file identity in the state directory dir into the space's secrets
+// bucket under name (`authplane identity migrate`), then removes the file; a plane started with
+// `--identity-store kv --instance-name <name>` is then the same instance. It connects to natsURL
+// as a short-lived plane-account user; the plane must have created its buckets (it has run
+// once).
+func MigrateIdentity(ctx context.Context, m *space.Keys, natsURL, dir, name string) (instance.Identity, error) {
+	if !subjects.ValidInstanceName(name) {
+		return instance.Identity{}, fmt.Errorf("--instance-name %q: want [A-Za-z0-9_-]{1,64}", name)
+	}
+	kv, done, err := openBucket(ctx, m, natsURL, "identity", subjects.SecretsBucket(m.Space))
+	if err != nil {
+		return instance.Identity{}, err
+	}
+	defer done()
+	return instance.Migrate(ctx, kv, dir, m.Space, name)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -64,6 +65,12 @@ type Config struct {
 	MintedBytes  int64
 	AuditBytes   int64
 
+	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
+	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
+	// InstanceName, so a restart without the disk is the same instance).
+	IdentityStore string
+	InstanceName  string
+
 	// Logger receives the plane's log; nil discards it.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -100,6 +107,7 @@ func Defaults() Config {
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		IdentityStore:        instance.StoreFile,
 	}
 }
 
@@ -177,5 +185,26 @@ func (c Config) Validate() error {
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
 	}
+	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
+}
+
+// validateOperations checks what running the plane as a service adds: where its identity
+// lives.
+func (c Config) validateOperations() []error {
+	var p []error
+	switch c.IdentityStore {
+	case "", instance.StoreFile:
+		if c.InstanceName != "" {
+			p = append(p, fmt.Errorf("--instance-name %q: only with --identity-store %s", c.InstanceName, instance.StoreKV))
+		}
+	case instance.StoreKV:
+		if !subjects.ValidInstanceName(c.InstanceName) {
+			p = append(p, fmt.Errorf("--instance-name %q: --identity-store %s needs one, [A-Za-z0-9_-]{1,64} (not the host name: a container's changes)",
+				c.InstanceName, instance.StoreKV))
+		}
+	default:
+		p = append(p, fmt.Errorf("--identity-store %q: want %s or %s", c.IdentityStore, instance.StoreFile, instance.StoreKV))
+	}
+	return p
 }

@@ -14,13 +14,13 @@ import (
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
 // account; every reconnect presents a newly signed JWT.
 func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
-	auth, err := iss.Connect("plane."+role+"_"+p.identity.InstanceID, perms, p.cfg.PlaneUserTTL)
+	auth, err := iss.Connect("plane."+role+"_"+p.self(), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
 	log := p.log.With("conn", role)
 	nc, err := nats.Connect(p.info.NATSURL, auth,
-		nats.Name("authplane "+role+" "+p.identity.InstanceID),
+		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {

@@ -120,10 +120,11 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.loadKeys(); err != nil {
 		return nil, err
 	}
-	if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
-		return nil, err
+	if cfg.IdentityStore != instance.StoreKV {
+		if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
+			return nil, err
+		}
 	}
-	p.info.InstanceID = p.identity.InstanceID
 	if err := p.startBroker(); err != nil {
 		return nil, err
 	}
@@ -147,6 +148,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
+	if cfg.IdentityStore == instance.StoreKV {
+		if p.identity, err = instance.Claim(openCtx, p.stores.Secrets, cfg.Dir, cfg.Space, cfg.InstanceName); err != nil {
+			return nil, err
+		}
+	}
+	p.info.InstanceID = p.identity.InstanceID
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
 		return nil, err
 	}
@@ -280,7 +287,7 @@ func (p *Plane) startBroker() error {
 	b, err := broker.Start(p.keys, broker.Options{
 		Dir:    filepath.Join(p.cfg.Dir, "nats"),
 		Port:   p.cfg.NATSPort,
-		Name:   "authplane-" + p.identity.InstanceID,
+		Name:   "authplane-" + p.self(),
 		Logger: p.log.With("component", "nats-server"),
 	})
 	if errors.Is(err, broker.ErrPortInUse) {
@@ -292,6 +299,15 @@ func (p *Plane) startBroker() error {
 	p.onClose("shut the embedded nats-server down", func() error { b.Shutdown(); return nil })
 	p.info.NATSURL, p.info.Embedded = b.ClientURL(), true
 	return nil
+}
+
+// self names this process in server and connection names: its instance id, or, before a
+// claimed identity is read, the instance name it is claimed under.
+func (p *Plane) self() string {
+	if p.identity.InstanceID != "" {
+		return p.identity.InstanceID
+	}
+	return p.cfg.InstanceName
 }
 
 // fence stops serving at once: a newer registration of this instance owns it now.

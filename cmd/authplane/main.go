@@ -18,6 +18,8 @@ usage:
   authplane creds [flags]        write a .creds file for a principal
   authplane grant [flags]        write a principal's ledger row (its scopes)
   authplane nkeys [flags]        generate a manager's five duty nkeys and a prepare body
+  authplane identity migrate     move a file identity into the store (then --identity-store kv)
+  authplane version              print the release, module version and VCS revision
 
 Run 'authplane <command> -h' for a command's flags.
 `
@@ -46,6 +48,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = grant(args, stdout, stderr)
 	case "nkeys":
 		err = nkeysCmd(args, stdout, stderr)
+	case "identity":
+		err = identityCmd(args, stdout, stderr)
+	case "version":
+		err = versionCmd(args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

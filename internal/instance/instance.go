@@ -73,16 +73,23 @@ const IdentityFile = "identity.json"
 
 // LoadOrCreateIdentity reads the identity in dir, or creates one with a fresh instance id.
 func LoadOrCreateIdentity(dir, space string) (Identity, error) {
+	id, err := ReadIdentity(dir, space)
+	if !errors.Is(err, os.ErrNotExist) {
+		return id, err
+	}
+	id = Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
+	data, err := json.Marshal(id)
+	if err != nil {
+		return Identity{}, err
+	}
+	return id, files.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), files.Private)
+}
+
+// ReadIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
+// file that is not a version 1 identity of space is an error naming it.
+func ReadIdentity(dir, space string) (Identity, error) {
 	path := filepath.Join(dir, IdentityFile)
 	raw, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		id := Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
-		data, err := json.Marshal(id)
-		if err != nil {
-			return Identity{}, err
-		}
-		return id, files.WriteAtomic(path, append(data, '\n'), files.Private)
-	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("read identity: %w", err)
 	}
