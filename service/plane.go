@@ -191,15 +191,20 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
 
-// applyAccountPolicy re-signs the data account's JWT with this start's limits and pushes it to
-// the broker as a system-account user. Without the operator signing key it says so and leaves
-// the account as the material has it.
+// applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
+// account's (this start's limits, the auditors' imports) and pushes them to the broker as a
+// system-account user, the exporter first. Without the operator signing key it says so and
+// leaves the accounts as the material has them.
 func (p *Plane) applyAccountPolicy(ctx context.Context) error {
-	token, err := p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections})
+	plane, err := p.keys.PlaneAccountJWT()
 	if errors.Is(err, space.ErrNoOperatorSigner) {
-		p.log.Warn("the data account keeps the limits of the space material: " + err.Error())
+		p.log.Warn("the plane and data accounts keep the exports and limits of the space material: " + err.Error())
 		return nil
 	}
+	if err != nil {
+		return err
+	}
+	data, err := p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections})
 	if err != nil {
 		return err
 	}
@@ -216,7 +221,10 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 		return fmt.Errorf("connect system user to %s: %w", p.info.NATSURL, err)
 	}
 	defer nc.Close()
-	if err := broker.PushAccount(ctx, nc, p.keys.Data.Public(), token); err != nil {
+	if err := broker.PushAccount(ctx, nc, p.keys.Plane.Public(), plane); err != nil {
+		return fmt.Errorf("plane account exports: %w", err)
+	}
+	if err := broker.PushAccount(ctx, nc, p.keys.Data.Public(), data); err != nil {
 		return fmt.Errorf("data account limits: %w", err)
 	}
 	return nil
