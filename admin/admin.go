@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -200,7 +201,7 @@ func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string
 	}
 	kv, err = store.OpenBucket(ctx, nc, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, natsURL)
+		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, broker.RedactURL(natsURL))
 	}
 	if err != nil {
 		nc.Close()
@@ -222,7 +223,7 @@ func ConnectPlaneAccount(m *space.Keys, natsURL, role string) (*nats.Conn, error
 	}
 	nc, err := nats.Connect(natsURL, auth, nats.Name("authplane "+role))
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", natsURL, err)
+		return nil, fmt.Errorf("connect to %s: %w", broker.RedactURL(natsURL), err)
 	}
 	return nc, nil
 }

@@ -100,9 +100,18 @@ func startAuthplane(t testing.TB, args ...string) *process {
 // startAuthplaneIn is startAuthplane with working directory dir ("" = the test's).
 func startAuthplaneIn(t testing.TB, dir string, args ...string) *process {
 	t.Helper()
+	return startAuthplaneEnv(t, dir, nil, args...)
+}
+
+// startAuthplaneEnv is startAuthplaneIn with env (KEY=value) added to the test's environment.
+func startAuthplaneEnv(t testing.TB, dir string, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{done: make(chan struct{})}
 	p.cmd = exec.Command(authplaneBinary(t), args...)
 	p.cmd.Dir = dir
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.stdout
 	p.cmd.Stderr = io.MultiWriter(&p.stderr, logSink())
 	if err := p.cmd.Start(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -132,7 +133,7 @@ func (c Config) Validate() error {
 	if c.NATSURL != "" {
 		for _, u := range strings.Split(c.NATSURL, ",") {
 			if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
-				bad("--nats-url %q: want nats://host:port (comma-separated for a cluster)", u)
+				bad("--nats-url %q: want nats://host:port (comma-separated for a cluster)", broker.RedactURL(u))
 			}
 		}
 	}

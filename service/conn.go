@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -38,7 +39,7 @@ func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) 
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
+		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}
 	return nc, nil
 }

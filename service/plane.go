@@ -184,7 +184,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
-		"epoch", p.info.Epoch, "nats", p.info.NATSURL, "http", p.info.HTTPURL)
+		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
 
@@ -218,7 +218,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	}
 	nc, err := nats.Connect(p.info.NATSURL, auth, nats.Name("authplane system "+p.identity.InstanceID))
 	if err != nil {
-		return fmt.Errorf("connect system user to %s: %w", p.info.NATSURL, err)
+		return fmt.Errorf("connect system user to %s: %w", broker.RedactURL(p.info.NATSURL), err)
 	}
 	defer nc.Close()
 	if err := broker.PushAccount(ctx, nc, p.keys.Plane.Public(), plane); err != nil {

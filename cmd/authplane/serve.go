@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -46,12 +47,15 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := parse(fs, args); err != nil {
+	// The whole configuration is checked before anything starts, and every problem reported.
+	problems, err := parseValues(fs, args)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
-		return err
+	problems = append(problems, err, cfg.Validate())
+	if err := errors.Join(problems...); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	cfg.Logger = log
 
@@ -107,18 +111,18 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	if info.CreatedMaterial {
 		material = "created"
 	}
-	broker := "existing cluster"
+	where := "existing cluster"
 	if info.Embedded {
-		broker = "embedded, store in " + filepath.Join(dir, "nats")
+		where = "embedded, store in " + filepath.Join(dir, "nats")
 	}
 	fmt.Fprintf(w, "authplane %s serving space %q\n", service.Version, info.Space)
 	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", info.InstanceID, info.Epoch)
-	fmt.Fprintf(w, "  nats      %s (%s)\n", info.NATSURL, broker)
+	fmt.Fprintf(w, "  nats      %s (%s)\n", broker.RedactURL(info.NATSURL), where)
 	fmt.Fprintf(w, "  http      %s/health\n", info.HTTPURL)
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
 	fmt.Fprintf(w, "  authplane creds --dir %s --role ops --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
 	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
-		info.NATSURL, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+		broker.RedactURL(info.NATSURL), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }
