@@ -48,6 +48,8 @@ func TestServeReportsEveryConfigurationProblemAtOnceAndNoSecret(t *testing.T) {
 			[]string{`--instance-name "plane1"`, "--max-connections 1", "--witness-bytes 10"}},
 		{"a flag wins over a good variable, and is still checked", []string{"--standing-ttl", "1s"}, []string{"AUTHPLANE_STANDING_TTL=1h", "AUTHPLANE_MAX_ASSIGNMENT_TTL=1s"},
 			[]string{"--standing-ttl 1s", "--max-assignment-ttl 1s"}},
+		{"a negative drain and an unknown identity store", []string{"--drain-timeout", "-1s"}, []string{"AUTHPLANE_IDENTITY_STORE=disk"},
+			[]string{"--drain-timeout -1s", `--identity-store "disk"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -68,7 +68,7 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	// Both users renewed, and the first ones' expiry is behind us.
 	checkFor(t, ttl+10*time.Second, 200*time.Millisecond, func() error {
 		out := logs.String()
-		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected to NATS" conn=store`} {
+		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected with a renewed user" conn=store`} {
 			if !strings.Contains(out, renewed) {
 				return fmt.Errorf("not yet in the log: %s", renewed)
 			}
@@ -93,6 +93,9 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	}
 	if out := logs.String(); strings.Contains(strings.ToLower(out), "expired") {
 		t.Fatalf("the broker cut off an expired plane user:\n%s", out)
+	}
+	if n := p.Reconnects(); n != 0 {
+		t.Errorf("reconnects: got %d, want 0 (a renewal is not a lost connection)", n)
 	}
 	o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, 0))
 	if o.code != "" {

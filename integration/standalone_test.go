@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -48,6 +49,22 @@ func startStandalone(t testing.TB, spaceName string) *standalone {
 // would, and shuts it down when the test ends.
 func runServerConf(t testing.TB, conf string) *server.Server {
 	t.Helper()
+	return runServerConfOn(t, conf, server.RANDOM_PORT)
+}
+
+// restart shuts the server down and runs it again from its configuration, on the same client
+// port and with the same store: a broker that goes away and comes back.
+func (s *standalone) restart(t testing.TB) {
+	t.Helper()
+	port := s.srv.Addr().(*net.TCPAddr).Port
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+	s.srv = runServerConfOn(t, s.conf, port)
+}
+
+// runServerConfOn is runServerConf listening on port (server.RANDOM_PORT: a free one).
+func runServerConfOn(t testing.TB, conf string, port int) *server.Server {
+	t.Helper()
 	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
 		t.Fatalf("nats-server refuses %s: %v", conf, err)
@@ -55,6 +72,7 @@ func runServerConf(t testing.TB, conf string) *server.Server {
 	if opts.Host != "127.0.0.1" || opts.Port != server.RANDOM_PORT {
 		t.Fatalf("got listen %s:%d from %s, want 127.0.0.1:-1", opts.Host, opts.Port, conf)
 	}
+	opts.Port = port
 	opts.NoSigs = true
 	opts.NoLog = !testLogging()
 	srv, err := server.NewServer(opts)

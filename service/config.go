@@ -66,6 +66,10 @@ type Config struct {
 	MintedBytes  int64
 	AuditBytes   int64
 
+	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
+	// taken.
+	DrainTimeout time.Duration
+
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
 	// InstanceName, so a restart without the disk is the same instance).
@@ -109,6 +113,7 @@ func Defaults() Config {
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
 		IdentityStore:        instance.StoreFile,
+		DrainTimeout:         10 * time.Second,
 	}
 }
 
@@ -191,9 +196,12 @@ func (c Config) Validate() error {
 }
 
 // validateOperations checks what running the plane as a service adds: where its identity
-// lives.
+// lives, and how long a stop waits.
 func (c Config) validateOperations() []error {
 	var p []error
+	if c.DrainTimeout < 0 || c.DrainTimeout > 10*time.Minute {
+		p = append(p, fmt.Errorf("--drain-timeout %s: want 0 to 10m", c.DrainTimeout))
+	}
 	switch c.IdentityStore {
 	case "", instance.StoreFile:
 		if c.InstanceName != "" {

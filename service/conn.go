@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,23 +14,36 @@ import (
 )
 
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account; every reconnect presents a newly signed JWT.
-func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
+// account; every reconnect presents a newly signed JWT. A connection lost and regained is
+// logged and counted (a renewal's forced reconnect is neither); reconnected, when set, runs
+// after every reconnection.
+func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
 	auth, err := iss.Connect("plane."+role+"_"+p.self(), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
 	log := p.log.With("conn", role)
+	var lost atomic.Bool
 	nc, err := nats.Connect(p.info.NATSURL, auth,
 		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
+			if err != nil { // nil: a renewal's forced reconnect
+				lost.Store(true)
 				log.Warn("disconnected from NATS", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Debug("reconnected to NATS") }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			if lost.Swap(false) {
+				log.Info("reconnected to NATS", "url", broker.RedactURL(nc.ConnectedUrl()), "reconnects", p.reconnects.Add(1))
+			} else {
+				log.Debug("reconnected with a renewed user")
+			}
+			if reconnected != nil {
+				reconnected()
+			}
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
@@ -67,7 +81,14 @@ func (p *Plane) renewEvery(what string, fn func()) {
 // connectStore opens the store connection, renewed by reconnecting with a fresh user: a store
 // call cut off by it has an unknown outcome, which every writer settles by re-reading.
 func (p *Plane) connectStore(iss *mint.Issuer) (*nats.Conn, error) {
-	nc, err := p.dial("store", iss, subjects.StorePermissions(p.cfg.Space))
+	// After a reconnection the fence watch starts again: its consumer may have gone with the
+	// broker, and a new one reads the gate as it is now.
+	nc, err := p.dial("store", iss, subjects.StorePermissions(p.cfg.Space), func() {
+		select {
+		case p.rewatch <- struct{}{}:
+		default: // one is pending already
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -82,8 +103,15 @@ func (p *Plane) connectStore(iss *mint.Issuer) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// drainTimeout is how long a drain waits for requests in flight: a request's whole deadline.
-func (p *Plane) drainTimeout() time.Duration { return p.cfg.RequestTimeout + 2*time.Second }
+// drainTimeout is how long a drain may wait for requests in flight: what is left of
+// --drain-timeout once the plane is stopping (every drain of the stop shares it), or the whole
+// of it when a renewal retires a generation of the serving side.
+func (p *Plane) drainTimeout() time.Duration {
+	if by := p.drainBy.Load(); by != nil {
+		return max(time.Until(*by), 0)
+	}
+	return p.cfg.DrainTimeout
+}
 
 // connected reports whether every connection of the plane is up.
 func (p *Plane) connected() bool {

@@ -65,6 +65,12 @@ type Plane struct {
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
+	// drainBy is when a stop stops waiting for requests in flight; nil until it starts.
+	drainBy atomic.Pointer[time.Time]
+	// reconnects counts the reconnections of the plane's own connections.
+	reconnects atomic.Uint64
+	// rewatch asks the fence watch to start again, after the store connection reconnected.
+	rewatch chan struct{}
 	// closers tear the plane down in the reverse order Start built it.
 	closers  []closer
 	bg       sync.WaitGroup
@@ -98,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
 	defer func() {
 		if err != nil {
@@ -190,6 +196,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// Reconnects counts how often the plane's own connections reconnected to NATS since it started.
+func (p *Plane) Reconnects() uint64 { return p.reconnects.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports) and pushes them to the broker as a
@@ -352,11 +361,13 @@ func (p *Plane) Err() error {
 	}
 }
 
-// Close stops the plane in the reverse order Start built it: auth-service.json goes first,
-// then the HTTP face, the fence watch, the micro services (no new requests), the audit
-// summaries, the connections (serving first: draining it lets requests in flight finish, and
-// they still need the stores), the embedded broker, and last the state directory's lock. It
-// returns why the plane had stopped on its own, if it had.
+// Close stops the plane in the reverse order Start built it. From its first moment a new
+// request is answered `unavailable`; then auth-service.json goes, the fence watch, the micro
+// services (no new requests reach them), the serving connection's drain (requests in flight
+// finish; they still need the stores), the audit summaries, the HTTP face, the store
+// connection, the embedded broker, and last the state directory's lock. Every drain shares one
+// deadline, --drain-timeout from the start of Close. It returns why the plane had stopped on
+// its own, if it had.
 func (p *Plane) Close() error {
 	err := p.teardown()
 	return errors.Join(p.Err(), err)
@@ -364,6 +375,8 @@ func (p *Plane) Close() error {
 
 func (p *Plane) teardown() error {
 	p.closing.Do(func() {
+		by := time.Now().Add(p.cfg.DrainTimeout)
+		p.drainBy.Store(&by)
 		p.draining.Store(true)
 		p.finish(nil)
 		var errs []error

@@ -70,8 +70,10 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 	bus := &handlers.Bus{
 		Space:   cfg.Space,
 		Timeout: cfg.RequestTimeout,
-		Guard:   &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load},
-		Log:     p.log,
+		Guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+			Draining: p.draining.Load},
+		Log:        p.log,
+		Reconnects: p.reconnects.Load,
 	}
 	fns := map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
@@ -81,7 +83,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
 	}
 	open := func() (*serving, error) {
-		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
+		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +183,7 @@ func stopAll(svcs []micro.Service) error {
 func (p *Plane) watchFence() {
 	ctx, stop := context.WithCancel(context.Background())
 	p.bg.Go(func() {
-		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
+		if err := instance.Watch(ctx, p.stores.Auth, p.gate, p.rewatch); err != nil && ctx.Err() == nil {
 			p.fence(err)
 		}
 	})

@@ -43,6 +43,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
 	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken")
 	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -69,7 +70,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 
 	select {
 	case <-ctx.Done():
-		log.Info("signal received; draining")
+		stop() // a second signal ends the process at once
+		log.Info("signal received; draining: no new request is taken", "drain_timeout", cfg.DrainTimeout)
 		if err := plane.Close(); err != nil {
 			return err
 		}
