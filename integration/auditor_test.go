@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/mint"
@@ -132,12 +131,19 @@ func writeAuditorCreds(t testing.TB, p *testPlane) string {
 	return writeCreds(t, p.Keys(), admin.RoleAuditor, "", "")
 }
 
-func TestAuditorGetsAPermissionsViolationForAnythingButReading(t *testing.T) {
-	t.Parallel()
+// auditedPlane starts a plane with records in both streams and connects an auditor to it.
+func auditedPlane(t *testing.T) (*testPlane, *nats.Conn, jetstream.JetStream, *asyncErrors) {
+	t.Helper()
 	p := startPlane(t, nil)
 	seedRecords(t, p)
 	errs := &asyncErrors{}
 	nc, js := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), errs)
+	return p, nc, js, errs
+}
+
+func TestAuditorGetsAPermissionsViolationForAnythingButReading(t *testing.T) {
+	t.Parallel()
+	p, nc, js, errs := auditedPlane(t)
 	audit, minted := subjects.AuditStream(testSpace), subjects.MintedStream(testSpace)
 	api := subjects.AuditorAPIPrefix(testSpace)
 	secrets, fences := "KV_"+subjects.SecretsBucket(testSpace), "KV_"+subjects.AuthBucket(testSpace)
@@ -213,10 +219,7 @@ func streamStates(t testing.TB, p *testPlane) map[string][2]uint64 {
 // push consumer's deliveries write nothing.
 func TestAuditorCannotWriteThroughAReplySubjectOrAPushConsumer(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, nil)
-	seedRecords(t, p)
-	errs := &asyncErrors{}
-	nc, _ := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), errs)
+	p, nc, _, errs := auditedPlane(t)
 	audit := subjects.AuditStream(testSpace)
 	api := subjects.AuditorAPIPrefix(testSpace)
 	key := "$KV." + subjects.AuthBucket(testSpace) + ".epgate.auth.evil"
@@ -274,14 +277,8 @@ func TestAPlaneAccountUserThatMayOnlyReadStreamInfoWritesAFenceThroughItsReply(t
 	if err != nil {
 		t.Fatal(err)
 	}
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	kp := mustKey(t)
+	pub := pubOf(t, kp)
 	info := "$JS.API.STREAM.INFO." + subjects.AuditStream(testSpace)
 	token, err := iss.Sign(mint.User{Name: "test.reader", Key: pub, Expires: time.Now().Add(time.Hour),
 		Permissions: subjects.Permissions{Pub: []string{info}, Sub: []string{"_INBOX.reader.>"}}})

@@ -228,24 +228,11 @@ func (r *docRun) natsServer(line string, args []string) {
 	if err != nil {
 		t.Fatalf("%q: %v", line, err)
 	}
-	opts.NoSigs, opts.NoLog = true, !testLogging()
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatalf("%q: %v", line, err)
-	}
-	if testLogging() {
-		srv.ConfigureLogger()
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("%q: not ready", line)
-	}
-	stop := func() {
+	srv := runServer(t, opts, line)
+	r.job(func() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-	}
-	t.Cleanup(stop)
-	r.job(stop)
+	})
 }
 
 // job registers a background job and makes it $!.

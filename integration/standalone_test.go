@@ -73,11 +73,18 @@ func runServerConfOn(t testing.TB, conf string, port int) *server.Server {
 		t.Fatalf("got listen %s:%d from %s, want 127.0.0.1:-1", opts.Host, opts.Port, conf)
 	}
 	opts.Port = port
+	return runServer(t, opts, "nats-server from "+conf)
+}
+
+// runServer runs a nats-server with opts (no signals; logs only with AUTHPLANE_TEST_LOG=1)
+// until it accepts connections, and shuts it down when the test ends.
+func runServer(t testing.TB, opts *server.Options, what string) *server.Server {
+	t.Helper()
 	opts.NoSigs = true
 	opts.NoLog = !testLogging()
 	srv, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatalf("nats-server from %s: %v", conf, err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	if testLogging() {
 		srv.ConfigureLogger()
@@ -85,7 +92,7 @@ func runServerConfOn(t testing.TB, conf string, port int) *server.Server {
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		t.Fatalf("nats-server from %s did not become ready", conf)
+		t.Fatalf("%s did not become ready", what)
 	}
 	t.Cleanup(func() {
 		srv.Shutdown()

@@ -26,11 +26,7 @@ func identityCmd(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
-	m, err := l.Keys()
-	if err != nil {
-		return err
-	}
-	url, err := l.URL()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}

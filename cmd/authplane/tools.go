@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -19,6 +20,19 @@ func locateFlags(fs *flag.FlagSet) *admin.Locate {
 	fs.StringVar(&l.SpaceDir, "space-dir", "", "space material directory (default: the running plane's, else <dir>/space)")
 	fs.StringVar(&l.NATSURL, "nats-url", "", "broker URL (default: the running plane's)")
 	return l
+}
+
+// located is the space material and the broker URL l finds.
+func located(l *admin.Locate) (*space.Keys, string, error) {
+	m, err := l.Keys()
+	if err != nil {
+		return nil, "", err
+	}
+	url, err := l.URL()
+	if err != nil {
+		return nil, "", err
+	}
+	return m, url, nil
 }
 
 // principalFlags adds --owner and --actor: the principal a command writes for.
@@ -107,11 +121,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 			scope = append(scope, s)
 		}
 	}
-	m, err := l.Keys()
-	if err != nil {
-		return err
-	}
-	url, err := l.URL()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}
