@@ -24,8 +24,6 @@ type Bus struct {
 	Timeout time.Duration
 	Guard   *Guard
 	Log     *slog.Logger
-	// Reconnects counts the plane's reconnections to NATS, for the stats; nil: none counted.
-	Reconnects func() uint64
 }
 
 // Counters is what an endpoint reports in `nats micro stats` (with --json) beside micro's own
@@ -36,22 +34,14 @@ type Counters struct {
 	Dropped uint64 `json:"dropped"`
 	// Throttled counts requests refused by the per-principal rate limit.
 	Throttled uint64 `json:"throttled"`
-	// Reconnects counts how often the plane's own connections reconnected to NATS since it
-	// started (the plane's count, the same on every endpoint).
-	Reconnects uint64 `json:"reconnects"`
 }
 
 // Stats returns the counters of a registered endpoint, for micro's StatsHandler.
 func Stats(e *micro.Endpoint) any {
-	h, ok := e.Handler.(*endpoint)
-	if !ok {
-		return nil
+	if h, ok := e.Handler.(*endpoint); ok {
+		return Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
 	}
-	c := Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
-	if h.bus.Reconnects != nil {
-		c.Reconnects = h.bus.Reconnects()
-	}
-	return c
+	return nil
 }
 
 // Register adds `workers` micro service instances of cfg to nc, each serving every endpoint of

@@ -8,6 +8,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -62,11 +63,20 @@ type Guard struct {
 	// Draining reports that the plane is stopping: a call that arrives then is answered
 	// `unavailable` before any work; calls in flight finish. Nil: never.
 	Draining func() bool
+	// Metrics counts every call and its latency; nil counts nothing.
+	Metrics *metrics.Metrics
 }
 
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
 
 func (g *Guard) draining() bool { return g.Draining != nil && g.Draining() }
+
+// Refused records a refusal made before a call could be made of a request: a door that could
+// not yet name its caller ("_._").
+func (g *Guard) Refused(ctx context.Context, about audit.Request, refusal *fault.Error) {
+	g.Metrics.Refused(about.Endpoint, about.Kind, string(refusal.Code))
+	g.Audit.Refused(ctx, about, refusal)
+}
 
 // ErrThrottled is the cause of a refusal by the rate limit: counted by the transport, not
 // recorded.
@@ -86,17 +96,26 @@ var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping
 // answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
 // keeps its own code in its record, and a mint that committed just then was withheld and
 // recorded `discarded` by the pipeline.
-func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
+func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
+		g.Metrics.Refused(c.Endpoint, "", string(fault.BadRequest))
 		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
 	}
 	if !g.Limiter.Allow(c.Principal()) {
+		g.Metrics.Refused(c.Endpoint, "", string(fault.ResourceExhausted))
 		return nil, fault.Wrap(fault.ResourceExhausted, ErrThrottled, "too many requests from %s; slow down", c.Principal())
 	}
+	start := time.Now()
+	about := c.About()
+	defer func() {
+		code := metrics.CodeOK
+		if refusal != nil {
+			code = string(refusal.Code)
+		}
+		g.Metrics.Served(c.Endpoint, about.Kind, code, time.Since(start))
+	}()
 	ctx, cancel := context.WithDeadline(context.Background(), c.Deadline)
 	defer cancel()
-	about := c.About()
-	var reply any
 	var err error
 	switch {
 	case g.fenced():
@@ -114,7 +133,7 @@ func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
 	if err == nil {
 		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
-	refusal := fault.As(err)
+	refusal = fault.As(err)
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
 		g.Audit.Refused(ctx, about, refusal)
 	}

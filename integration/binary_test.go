@@ -178,6 +178,75 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		}
 	})
 
+	t.Run("owner, agent and keys: a subject's owner, an agent's secret, the bearer keys' rotation", func(t *testing.T) {
+		m, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, stdout, stderr := runAuthplane(t, 30*time.Second, "owner", "--dir", dir, "--issuer", "https://idp.example", "--sub", "alice")
+		if want, _ := admin.Owner(m, "https://idp.example", "alice"); code != 0 || strings.TrimSpace(stdout) != want {
+			t.Errorf("authplane owner: exit %d, stdout %q, want 0 and %s\nstderr:\n%s", code, stdout, want, stderr)
+		}
+
+		secretFile := filepath.Join(t.TempDir(), "worker.secret")
+		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "agent", "--dir", dir, "--owner", ownerA, "--actor", "worker", "--out", secretFile); code != 0 {
+			t.Fatalf("authplane agent: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		fi, err := os.Stat(secretFile)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("the agent's secret file: %v, mode %v, want 0600", err, fi.Mode().Perm())
+		}
+		secret, err := os.ReadFile(secretFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
+		if r.Status != http.StatusOK || r.field("token") == "" {
+			t.Fatalf("the agent's exchange: got %d %s, want a bearer", r.Status, r.Body)
+		}
+		if code, _, stderr := runAuthplane(t, 30*time.Second, "agent", "--dir", dir, "--owner", ownerA, "--actor", "worker", "--revoke"); code != 0 {
+			t.Fatalf("authplane agent --revoke: exit %d\nstderr:\n%s", code, stderr)
+		}
+		r = post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
+		if r.Status != http.StatusUnauthorized {
+			t.Errorf("a revoked agent's exchange: got %d %s, want 401", r.Status, r.Body)
+		}
+
+		kids := func() []string {
+			t.Helper()
+			code, stdout, stderr := runAuthplane(t, 30*time.Second, "keys", "list", "--dir", dir)
+			if code != 0 {
+				t.Fatalf("authplane keys list: exit %d\nstderr:\n%s", code, stderr)
+			}
+			var out []string
+			for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+				out = append(out, strings.Fields(line)[0])
+			}
+			return out
+		}
+		before := kids()
+		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "keys", "rotate", "--dir", dir); code != 0 || !strings.Contains(stdout, "rotated") {
+			t.Fatalf("authplane keys rotate: exit %d, stdout %q\nstderr:\n%s", code, stdout, stderr)
+		}
+		after := kids()
+		if len(before) != 1 || len(after) != 2 || after[0] != before[0] {
+			t.Fatalf("keys list: got %v then %v, want one key, then it and a new one", before, after)
+		}
+		jwks := get(t, info.URL+"/jwks")
+		for _, kid := range after {
+			if !strings.Contains(string(jwks.Body), kid) {
+				t.Errorf("/jwks after a rotation: %s, want kid %s published", jwks.Body, kid)
+			}
+		}
+		code, _, stderr = runAuthplane(t, 30*time.Second, "keys", "retire", before[0], "--dir", dir)
+		if code != 1 || !strings.Contains(stderr, "retire floor") {
+			t.Errorf("authplane keys retire of a key that just stopped signing: exit %d, stderr %q, want 1 naming the retire floor", code, stderr)
+		}
+		if code, _, _ := runAuthplane(t, 30*time.Second, "keys", "retire", "--dir", dir); code != 2 {
+			t.Errorf("authplane keys retire without a kid: exit %d, want 2 (usage)", code)
+		}
+	})
+
 	t.Run("a second serve on the same dir exits non-zero naming the holder's pid", func(t *testing.T) {
 		code, _, stderr := runAuthplane(t, 30*time.Second, "serve", "--dir", dir, "--nats-port", "0", "--http-port", "0")
 		if code == 0 {

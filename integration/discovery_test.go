@@ -80,8 +80,6 @@ func serviceInfo(t testing.TB, nc *nats.Conn) micro.Info {
 type endpointCounters struct {
 	Dropped, Throttled uint64
 	Requests, Errors   int
-	// Reconnects is the plane's count of reconnections, which every endpoint reports.
-	Reconnects uint64
 }
 
 // counters sums endpoint's counters over every service instance of plane p, as an operator
@@ -108,9 +106,8 @@ func counters(t testing.TB, p *testPlane, endpoint string) endpointCounters {
 		}
 		copies++
 		var d struct {
-			Dropped    uint64 `json:"dropped"`
-			Throttled  uint64 `json:"throttled"`
-			Reconnects uint64 `json:"reconnects"`
+			Dropped   uint64 `json:"dropped"`
+			Throttled uint64 `json:"throttled"`
 		}
 		if len(e.Data) > 0 {
 			if err := json.Unmarshal(e.Data, &d); err != nil {
@@ -119,7 +116,6 @@ func counters(t testing.TB, p *testPlane, endpoint string) endpointCounters {
 		}
 		c.Dropped += d.Dropped
 		c.Throttled += d.Throttled
-		c.Reconnects = max(c.Reconnects, d.Reconnects)
 		c.Requests += e.NumRequests
 		c.Errors += e.NumErrors
 	}

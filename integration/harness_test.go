@@ -93,6 +93,9 @@ func (p *testPlane) NATSURL() string { return p.info.NATSURL }
 // HTTPURL is the plane's loopback HTTP face.
 func (p *testPlane) HTTPURL() string { return p.info.HTTPURL }
 
+// PublicURL is the plane's public HTTP face ("" without one).
+func (p *testPlane) PublicURL() string { return p.info.PublicURL }
+
 // InstanceID is the plane's instance id.
 func (p *testPlane) InstanceID() string { return p.info.InstanceID }
 

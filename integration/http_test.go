@@ -27,7 +27,7 @@ func TestHealthAnswersOnlyOnItsExactPath(t *testing.T) {
 	}{
 		{"GET", http.MethodGet, "/health", http.StatusOK, ""},
 		{"HEAD", http.MethodHead, "/health", http.StatusOK, ""},
-		{"POST", http.MethodPost, "/health", http.StatusMethodNotAllowed, "bad-request"},
+		{"POST", http.MethodPost, "/health", http.StatusMethodNotAllowed, "method-not-allowed"},
 		{"a trailing slash", http.MethodGet, "/health/", http.StatusNotFound, "not-found"},
 		{"a query", http.MethodGet, "/health?x=1", http.StatusNotFound, "not-found"},
 		{"another case", http.MethodGet, "/HEALTH", http.StatusNotFound, "not-found"},

@@ -94,8 +94,11 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	if out := logs.String(); strings.Contains(strings.ToLower(out), "expired") {
 		t.Fatalf("the broker cut off an expired plane user:\n%s", out)
 	}
-	if n := p.Reconnects(); n != 0 {
-		t.Errorf("reconnects: got %d, want 0 (a renewal is not a lost connection)", n)
+	families := scrape(t, p.HTTPURL())
+	for _, conn := range []string{"serving", "store"} {
+		if n := sample(families, "authplane_nats_reconnects_total", map[string]string{"conn": conn}); n != 0 {
+			t.Errorf("/metrics reconnects of the %s connection: got %v, want 0 (a renewal is not a lost connection)", conn, n)
+		}
 	}
 	o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, 0))
 	if o.code != "" {

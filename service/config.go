@@ -7,10 +7,12 @@ import (
 	"net/url"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -35,6 +37,19 @@ type Config struct {
 	NATSPort int
 	// HTTPPort is the loopback HTTP face's port (0 = a free port).
 	HTTPPort int
+	// PublicPort is the public HTTP face's port on 127.0.0.1, behind a TLS-ending proxy (0 = a
+	// free port, -1 = no public face).
+	PublicPort int
+	// PublicURL is the public face's URL as clients see it (https://…), what the discovery
+	// bundle names; "" names the bound port.
+	PublicURL string
+	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
+	// names the peer.
+	TrustedProxy bool
+	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
+	AdvertisedServer string
+	// IdP is the identity provider the space trusts; its URL "" trusts none.
+	IdP idp.Config
 
 	// Replicas of every bucket and stream.
 	Replicas int
@@ -97,6 +112,7 @@ func Defaults() Config {
 		Space:                "default",
 		NATSPort:             4222,
 		HTTPPort:             8480,
+		PublicPort:           -1,
 		Replicas:             1,
 		Workers:              4 * runtime.GOMAXPROCS(0),
 		Rate:                 100,
@@ -148,6 +164,7 @@ func (c Config) Validate() error {
 	if c.HTTPPort < 0 || c.HTTPPort > 65535 {
 		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
 	}
+	c.validatePublic(bad)
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
 	}
@@ -216,4 +233,70 @@ func (c Config) validateOperations() []error {
 		p = append(p, fmt.Errorf("--identity-store %q: want %s or %s", c.IdentityStore, instance.StoreFile, instance.StoreKV))
 	}
 	return p
+}
+
+// validatePublic checks the public face's flags: each needs --public-port, the public URL is
+// https, the advertised server a NATS URL, and the IdP's JWKS https or http on a loopback IP
+// literal.
+func (c Config) validatePublic(bad func(string, ...any)) {
+	if c.PublicPort < -1 || c.PublicPort > 65535 {
+		bad("--public-port %d: want 0 to 65535, or -1 for no public face", c.PublicPort)
+	}
+	off := c.PublicPort < 0
+	if c.PublicURL != "" {
+		if u, err := url.Parse(c.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			bad("--public-url %q: want https://host[/path] (TLS ends at the proxy in front of the public face)", c.PublicURL)
+		}
+		if off {
+			bad("--public-url: needs --public-port")
+		}
+	}
+	if c.TrustedProxy && off {
+		bad("--trusted-proxy: needs --public-port")
+	}
+	if c.AdvertisedServer != "" {
+		u, err := url.Parse(c.AdvertisedServer)
+		if err != nil || u.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+			bad("--advertised-server %q: want nats://, tls://, ws:// or wss:// host:port", c.AdvertisedServer)
+		}
+		if off {
+			bad("--advertised-server: needs --public-port")
+		}
+	}
+	if c.IdP.URL == "" {
+		if c.IdP.Issuer != "" || c.IdP.Audience != "" || c.IdP.JWKS != "" {
+			bad("--idp-issuer, --idp-audience and --idp-jwks: need --idp-url")
+		}
+		return
+	}
+	if u, err := url.Parse(c.IdP.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		bad("--idp-url %q: want the identity provider's https:// URL", c.IdP.URL)
+		return
+	}
+	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
+		bad("--idp-jwks: %v", err)
+	}
+}
+
+// IdPConfig is the IdP the space trusts with its defaults: issuer and audience the URL's
+// origin, the JWKS at the URL's /jwks.
+func (c Config) IdPConfig() idp.Config {
+	cfg := c.IdP
+	if cfg.URL == "" {
+		return cfg
+	}
+	origin := cfg.URL
+	if u, err := url.Parse(cfg.URL); err == nil {
+		origin = u.Scheme + "://" + u.Host
+	}
+	if cfg.Issuer == "" {
+		cfg.Issuer = origin
+	}
+	if cfg.Audience == "" {
+		cfg.Audience = origin
+	}
+	if cfg.JWKS == "" {
+		cfg.JWKS = strings.TrimSuffix(cfg.URL, "/") + "/jwks"
+	}
+	return cfg
 }

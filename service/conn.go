@@ -14,14 +14,23 @@ import (
 )
 
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account; every reconnect presents a newly signed JWT. A connection lost and regained is
-// logged and counted (a renewal's forced reconnect is neither); reconnected, when set, runs
-// after every reconnection.
+// account; every reconnect presents a newly signed JWT. reconnected, when set, runs after every
+// reconnection.
 func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
-	auth, err := iss.Connect("plane."+role+"_"+p.self(), perms, p.cfg.PlaneUserTTL)
+	auth, err := iss.Connect(p.userName(role), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
+	return p.dialWith(role, auth, reconnected)
+}
+
+// userName is the name of the plane's own user of role.
+func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.self() }
+
+// dialWith opens one of the plane's own connections, authenticated by auth. A connection lost
+// and regained is logged and counted (a renewal's forced reconnect is neither); reconnected,
+// when set, runs after every reconnection.
+func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
 	var lost atomic.Bool
 	nc, err := nats.Connect(p.info.NATSURL, auth,
@@ -36,7 +45,8 @@ func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, 
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			if lost.Swap(false) {
-				log.Info("reconnected to NATS", "url", broker.RedactURL(nc.ConnectedUrl()), "reconnects", p.reconnects.Add(1))
+				p.metrics.Reconnected(role)
+				log.Info("reconnected to NATS", "url", broker.RedactURL(nc.ConnectedUrl()))
 			} else {
 				log.Debug("reconnected with a renewed user")
 			}
@@ -118,8 +128,11 @@ func (p *Plane) connected() bool {
 	if !p.storeNC.IsConnected() {
 		return false
 	}
-	s := p.serving.Load()
-	return s == nil || s.nc.IsConnected()
+	if s := p.serving.Load(); s != nil && !s.nc.IsConnected() {
+		return false
+	}
+	c := p.callout.Load()
+	return c == nil || c.IsConnected()
 }
 
 // drain drains nc and waits until it has closed, or closes it after timeout. A connection that

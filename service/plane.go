@@ -16,8 +16,8 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -42,6 +42,10 @@ type Info struct {
 	Epoch   uint64
 	NATSURL string
 	HTTPURL string
+	// PublicURL is the public face's URL as clients see it, "" without one; PublicListen is
+	// where it is bound.
+	PublicURL    string
+	PublicListen string
 	// SpaceDir holds the space material; CreatedMaterial says this start wrote it.
 	SpaceDir        string
 	CreatedMaterial bool
@@ -61,14 +65,14 @@ type Plane struct {
 	stores   *store.Stores
 	storeNC  *nats.Conn
 	serving  atomic.Pointer[serving]
+	callout  atomic.Pointer[nats.Conn]
+	metrics  *metrics.Metrics
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
 	// drainBy is when a stop stops waiting for requests in flight; nil until it starts.
 	drainBy atomic.Pointer[time.Time]
-	// reconnects counts the reconnections of the plane's own connections.
-	reconnects atomic.Uint64
 	// rewatch asks the fence watch to start again, after the store connection reconnected.
 	rewatch chan struct{}
 	// closers tear the plane down in the reverse order Start built it.
@@ -106,6 +110,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -167,23 +172,30 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
-	// The HTTP face comes up before the services and goes down after them, so /health tells
-	// the truth while the plane starts and while it drains.
-	if err := p.serveHTTP(); err != nil {
-		return nil, err
-	}
 
 	// One issuer for the data account: its signing key is derived once, for every user of it.
 	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.serveBus(dataIssuer); err != nil {
+	d, err := p.buildDoors(dataIssuer)
+	if err != nil {
+		return nil, err
+	}
+	// The HTTP face comes up before the services and goes down after them, so /health tells
+	// the truth while the plane starts and while it drains.
+	if err := p.serveHTTP(d.http); err != nil {
+		return nil, err
+	}
+	if err := p.serveBus(dataIssuer, d); err != nil {
+		return nil, err
+	}
+	if err := p.serveCallout(d.callout); err != nil {
 		return nil, err
 	}
 	p.watchFence()
 	if err := instance.WriteServiceInfo(cfg.Dir, instance.ServiceInfo{
-		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: ids.Secret(32),
+		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: d.http.Cap,
 	}); err != nil {
 		return nil, err
 	}
@@ -196,9 +208,6 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
-
-// Reconnects counts how often the plane's own connections reconnected to NATS since it started.
-func (p *Plane) Reconnects() uint64 { return p.reconnects.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports) and pushes them to the broker as a

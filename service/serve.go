@@ -3,19 +3,15 @@ package service
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/httpface"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
@@ -29,11 +25,17 @@ type serving struct {
 	svcs []micro.Service
 }
 
-// serveBus builds what every call passes (the guard, the issuance pipeline, every endpoint's
-// handler) and serves it on a first generation of the serving side, replaced at two thirds of
-// the plane users' lifetime: the new generation registers before the old one stops, so callers
-// never meet a moment with no responders.
-func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
+// doors are what every call passes and what serves it, built once and served on the bus and on
+// HTTP: the guard, the issuance pipeline, every endpoint's handler, the HTTP doors.
+type doors struct {
+	guard   *handlers.Guard
+	fns     map[string]handlers.Func
+	http    *handlers.HTTP
+	callout *handlers.Callout
+}
+
+// buildDoors builds the doors, the audit writer's summary flusher with them.
+func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
 	// The refusal budget's summaries are flushed until the services have stopped, then once
@@ -45,14 +47,14 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load,
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
 	}
 	proofKey, err := manager.ProofKey(p.keys.Data.Signer)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	engine := &manager.Engine{
 		Space:                cfg.Space,
@@ -67,21 +69,33 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer) error {
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
-	bus := &handlers.Bus{
-		Space:   cfg.Space,
-		Timeout: cfg.RequestTimeout,
-		Guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
-			Draining: p.draining.Load},
-		Log:        p.log,
-		Reconnects: p.reconnects.Load,
-	}
-	fns := map[string]handlers.Func{
+	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+		Draining: p.draining.Load, Metrics: p.metrics}}
+	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
 		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
 		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
 		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
 	}
+	if d.http, err = p.httpDoors(d); err != nil {
+		return nil, err
+	}
+	d.callout = &handlers.Callout{
+		Space: cfg.Space, Guard: d.guard, Keys: d.http.Keys, Ledger: p.stores.Actors, Pipeline: pipeline,
+		Account: p.keys.Callout.Public(), Signer: p.keys.Callout.Signer, XKey: p.keys.CalloutXKey,
+		Log: p.log.With("face", "callout"),
+	}
+	return d, nil
+}
+
+// serveBus serves the doors on a first generation of the serving side, replaced at two thirds
+// of the plane users' lifetime: the new generation registers before the old one stops, so
+// callers never meet a moment with no responders.
+func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
+	cfg := p.cfg
+	bus := &handlers.Bus{Space: cfg.Space, Timeout: cfg.RequestTimeout, Guard: d.guard, Log: p.log}
+	fns := d.fns
 	open := func() (*serving, error) {
 		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space), nil)
 		if err != nil {
@@ -190,29 +204,21 @@ func (p *Plane) watchFence() {
 	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
 }
 
-func (p *Plane) serveHTTP() error {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.cfg.HTTPPort)))
-	if err != nil {
-		return fmt.Errorf("--http-port %d: %w (pick another port, or 0 for a free one)", p.cfg.HTTPPort, err)
+// counted is the pipeline's recorder that also counts, for the metrics, the credentials whose
+// mint committed and the mints discarded.
+type counted struct {
+	issue.Recorder
+	m *metrics.Metrics
+}
+
+func (c counted) LogMinted(req audit.Request, creds []audit.Credential) {
+	c.Recorder.LogMinted(req, creds)
+	for _, cred := range creds {
+		c.m.Issued(req.Endpoint, cred.Duty)
 	}
-	p.info.HTTPURL = "http://" + l.Addr().String()
-	srv := &http.Server{
-		Handler:           httpface.Loopback(subjects.Issuer(p.cfg.Space), p.healthy),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-	}
-	p.bg.Go(func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			p.finish(fmt.Errorf("http face: %w", err))
-		}
-	})
-	p.onClose("shut the HTTP face down", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(ctx)
-	})
-	return nil
+}
+
+func (c counted) Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error) {
+	c.Recorder.Discarded(ctx, req, creds, refusal)
+	c.m.Discarded(req.Endpoint, string(refusal.Code))
 }

@@ -193,3 +193,13 @@ func AuditorPermissions(space string) Permissions {
 	}
 	return g
 }
+
+// CalloutPermissions are those of the plane's callout user, of the callout account: it
+// receives the broker's authorization requests and answers into the broker's reply inboxes,
+// and nothing else.
+func CalloutPermissions() Permissions {
+	return Permissions{
+		Pub: []string{"$SYS._INBOX.>"},
+		Sub: []string{"$SYS.REQ.USER.AUTH"},
+	}
+}

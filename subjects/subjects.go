@@ -134,8 +134,16 @@ func RunStartExports(space string) []string {
 
 // Records the plane writes into its own account.
 
-// MintedSubject is the subject of the `minted` record of one nkey of an instance.
+// NoInstance stands for the instance in the `minted` subject of a credential minted for no
+// instance (a connection the auth callout made); no instance id is "_".
+const NoInstance = "_"
+
+// MintedSubject is the subject of the `minted` record of one nkey of an instance (iid "" for
+// none).
 func MintedSubject(space, iid, nkey string) string {
+	if iid == "" {
+		iid = NoInstance
+	}
 	return "cotal." + space + ".minted." + iid + "." + nkey
 }
 

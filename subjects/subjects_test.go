@@ -281,6 +281,9 @@ func TestKeysAndBucketsNameTheirSpace(t *testing.T) {
 		!subjectMatches(MintedStreamSubjects("s1"), MintedSubject("s1", testIID, "UKEY")) {
 		t.Errorf("the minted stream or instance filter does not capture its records")
 	}
+	if got := MintedSubject("s1", "", "UKEY"); got != "cotal.s1.minted._.UKEY" || !subjectMatches(MintedStreamSubjects("s1"), got) || ValidUID(NoInstance) {
+		t.Errorf("a mint for no instance: got subject %q, want cotal.s1.minted._.UKEY in the stream, under no instance id", got)
+	}
 	if got, want := RunActor(testRunID), "wf_0123456789abcdef0123456789abcdef"; got != want {
 		t.Errorf("RunActor: got %q, want %q", got, want)
 	}

@@ -20,6 +20,10 @@ usage:
   authplane creds [flags]        write a .creds file for a principal
   authplane grant [flags]        write a principal's ledger row (its scopes)
   authplane nkeys [flags]        generate a manager's five duty nkeys and a prepare body
+  authplane owner [flags]        print the u_ owner an IdP subject derives in this space
+  authplane agent [flags]        give a managed agent a one-time exchange secret, or revoke it
+  authplane keys list|rotate|retire KID
+                                 list, rotate or retire the bearer keys /jwks publishes
   authplane identity migrate     move a file identity into the store (then --identity-store kv)
   authplane version              print the release, module version and VCS revision
 
@@ -50,6 +54,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = grant(args, stdout, stderr)
 	case "nkeys":
 		err = nkeysCmd(args, stdout, stderr)
+	case "owner":
+		err = owner(args, stdout, stderr)
+	case "agent":
+		err = agent(args, stdout, stderr)
+	case "keys":
+		err = keys(args, stdout, stderr)
 	case "identity":
 		err = identityCmd(args, stdout, stderr)
 	case "version":

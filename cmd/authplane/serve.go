@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/cotal-ai/authplane/admin"
@@ -28,6 +29,14 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
 	fs.IntVar(&cfg.NATSPort, "nats-port", cfg.NATSPort, "embedded NATS client port on 127.0.0.1 (0 = a free port)")
 	fs.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "loopback HTTP port (0 = a free port)")
+	fs.IntVar(&cfg.PublicPort, "public-port", cfg.PublicPort, "public HTTP port on 127.0.0.1, behind a TLS-ending proxy (0 = a free port, -1 = none)")
+	fs.StringVar(&cfg.PublicURL, "public-url", "", "the public face's https:// URL as clients see it (the discovery bundle names it)")
+	fs.BoolVar(&cfg.TrustedProxy, "trusted-proxy", false, "the public face is behind a proxy: its last X-Forwarded-For hop names the peer")
+	fs.StringVar(&cfg.AdvertisedServer, "advertised-server", "", "the broker URL the discovery bundle gives clients (default: the plane's own)")
+	fs.StringVar(&cfg.IdP.URL, "idp-url", "", "the identity provider the space trusts (human exchanges, manager-service-authority over HTTP)")
+	fs.StringVar(&cfg.IdP.Issuer, "idp-issuer", "", "its tokens' exact iss (default: the --idp-url origin)")
+	fs.StringVar(&cfg.IdP.Audience, "idp-audience", "", "its tokens' exact aud (default: the --idp-url origin)")
+	fs.StringVar(&cfg.IdP.JWKS, "idp-jwks", "", "its key set: https, or http on a loopback IP literal (default: <idp-url>/jwks)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "micro service instances serving in parallel, each with the five endpoints")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second per principal (0 = unlimited)")
@@ -121,6 +130,9 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", info.InstanceID, info.Epoch)
 	fmt.Fprintf(w, "  nats      %s (%s)\n", broker.RedactURL(info.NATSURL), where)
 	fmt.Fprintf(w, "  http      %s/health\n", info.HTTPURL)
+	if info.PublicURL != "" {
+		fmt.Fprintf(w, "  public    %s/.well-known/cotal-mesh\n", strings.TrimSuffix(info.PublicURL, "/"))
+	}
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")

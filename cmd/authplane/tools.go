@@ -16,7 +16,7 @@ import (
 
 func locateFlags(fs *flag.FlagSet) *admin.Locate {
 	l := &admin.Locate{}
-	fs.StringVar(&l.Dir, "dir", ".authplane", "the plane's state directory (its auth-admin.json names the space material and broker)")
+	fs.StringVar(&l.Dir, "dir", ".authplane", "the plane's state directory (its auth-service.json names the space material and broker)")
 	fs.StringVar(&l.SpaceDir, "space-dir", "", "space material directory (default: the running plane's, else <dir>/space)")
 	fs.StringVar(&l.NATSURL, "nats-url", "", "broker URL (default: the running plane's)")
 	return l

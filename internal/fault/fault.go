@@ -32,6 +32,11 @@ const (
 	Internal           Code = "internal"
 	Unimplemented      Code = "unimplemented"
 	Unavailable        Code = "unavailable"
+
+	// The HTTP face's own guards (DESIGN §7), before any body is judged.
+	MethodNotAllowed     Code = "method-not-allowed"
+	UnsupportedMediaType Code = "unsupported-media-type"
+	TooLarge             Code = "payload-too-large"
 )
 
 // wire is the one table: each code's `Nats-Service-Error-Code` number and HTTP status.
@@ -48,6 +53,10 @@ var wire = map[Code]struct{ numeric, status int }{
 	Internal:           {500, http.StatusInternalServerError},
 	Unimplemented:      {501, http.StatusNotImplemented},
 	Unavailable:        {503, http.StatusServiceUnavailable},
+
+	MethodNotAllowed:     {405, http.StatusMethodNotAllowed},
+	UnsupportedMediaType: {415, http.StatusUnsupportedMediaType},
+	TooLarge:             {413, http.StatusRequestEntityTooLarge},
 }
 
 // Known reports whether c is in the table.
@@ -145,7 +154,9 @@ func CodeOf(err error) Code { return As(err).Code }
 
 // Store turns a failure of the stores (a fence, a bucket, a record stream) during what (a
 // formatted phrase: "committing the mint on gate epgate.manager.x") into the refusal a caller
-// can act on. A refusal passes through unchanged. The code follows the storage error:
+// can act on. A refusal passes through unchanged, except one a stored row's parse made (a row
+// decoded as a body is refused bad-request, naming its field): a row that does not parse is the
+// plane's fault, never the caller's. The code follows the storage error:
 //
 //	fence.ErrMoved          conflict            a fence writer landed first
 //	fence.ErrGone           failed-precondition a delete marker is final
@@ -154,7 +165,7 @@ func CodeOf(err error) Code { return As(err).Code }
 //	anything else           unavailable         a timeout, a leader change, the deadline
 func Store(err error, what string, args ...any) *Error {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && (e.Code == Internal || !errors.Is(err, fence.ErrMalformed)) {
 		return e
 	}
 	what = fmt.Sprintf(what, args...)

@@ -17,6 +17,7 @@ func TestEveryCodeHasOneNumberAndOneStatus(t *testing.T) {
 		BadRequest: {400, 400}, Unauthenticated: {401, 401}, PermissionDenied: {403, 403}, NotFound: {404, 404},
 		Conflict: {409, 409}, AlreadyExists: {409, 409}, Expired: {410, 410}, FailedPrecondition: {412, 412},
 		ResourceExhausted: {429, 429}, Internal: {500, 500}, Unimplemented: {501, 501}, Unavailable: {503, 503},
+		MethodNotAllowed: {405, 405}, UnsupportedMediaType: {415, 415}, TooLarge: {413, 413},
 	}
 	for code, w := range want {
 		if !code.Known() || code.Numeric() != w[0] || code.HTTPStatus() != w[1] {
@@ -40,6 +41,7 @@ func TestStoreChoosesTheCodeFromTheStorageError(t *testing.T) {
 		{fmt.Errorf("read k: %w", fence.ErrGone), FailedPrecondition},
 		{fmt.Errorf("append: %w", store.ErrFull), ResourceExhausted},
 		{fmt.Errorf("%w: k", fence.ErrMalformed), Internal},
+		{fmt.Errorf("%w: k: %w", fence.ErrMalformed, Field("extra", "unknown field")), Internal}, // the row's parse, not the caller's body
 		{fmt.Errorf("write k: %w", fence.ErrUnknownOutcome), Unavailable},
 		{fmt.Errorf("write k: %w", context.DeadlineExceeded), Unavailable},
 		{errors.New("nats: connection closed"), Unavailable},

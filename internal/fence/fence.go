@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/cotal-ai/authplane/internal/store"
 )
@@ -138,6 +139,10 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 	return o.put(ctx, data)
 }
 
+// Retries counts the writes retried by every fence of this process (a lost CAS, an unknown
+// outcome): what the plane's metrics export.
+var Retries atomic.Int64
+
 // put is the one CAS loop: write data at the observed revision until it lands, the row
 // changes, or ctx ends.
 func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error) {
@@ -168,6 +173,7 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 		default:
 			rev = now.Revision // unchanged: another mint's commit, or nothing landed
 		}
+		Retries.Add(1)
 		if perr := store.Pause(ctx, attempt); perr != nil {
 			if errors.Is(last, store.ErrUnknownOutcome) {
 				return nil, fmt.Errorf("write %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, last, perr)

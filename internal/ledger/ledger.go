@@ -32,6 +32,9 @@ type Row struct {
 	Scope        []string `json:"scope"`
 	LifecycleUID string   `json:"lifecycleUid,omitempty"`
 	GrantedAt    int64    `json:"grantedAt"` // milliseconds
+	// TokenHash, on a managed agent's row, is the hex SHA-256 of the one-time secret it was
+	// spawned with: what /exchange's agent arm checks. Clearing it revokes the agent.
+	TokenHash string `json:"tokenHash,omitempty"`
 }
 
 // Has reports whether the row grants scope.
@@ -47,8 +50,10 @@ func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 		if err := body.Decode(data, &r); err != nil {
 			return Row{}, err
 		}
-		if r.V != 1 || r.Owner != owner || r.Actor != actor {
-			return Row{}, errors.New("not a version 1 row of this principal")
+		// A row without its scope list would read as no scope but could not be written
+		// back (a nil list marshals as null, which no row may hold).
+		if r.V != 1 || r.Owner != owner || r.Actor != actor || r.Scope == nil {
+			return Row{}, errors.New("not a version 1 row of this principal with its scope")
 		}
 		return r, nil
 	}, nil)
@@ -85,10 +90,34 @@ func SetScope(ctx context.Context, kv fence.KV, owner, actor string, scope []str
 		}
 	}
 	o, err := Of(kv, owner, actor).Update(ctx, func(cur *fence.Observed[Row]) (Row, error) {
-		return Row{V: 1, Owner: owner, Actor: actor, Scope: scope, LifecycleUID: cur.Row.LifecycleUID, GrantedAt: now.UnixMilli()}, nil
+		return Row{V: 1, Owner: owner, Actor: actor, Scope: scope, LifecycleUID: cur.Row.LifecycleUID, GrantedAt: now.UnixMilli(), TokenHash: cur.Row.TokenHash}, nil
 	})
 	if err != nil {
 		return Row{}, fmt.Errorf("set the scope of %s: %w", subjects.ActorKey(owner, actor), err)
+	}
+	return o.Row, nil
+}
+
+// SetAgentSecret makes the principal a managed agent whose exchange presents a secret hashing
+// to tokenHash (hex SHA-256), keeping its scope; an empty tokenHash revokes the agent. A
+// principal with no row gets one with no scope.
+func SetAgentSecret(ctx context.Context, kv fence.KV, owner, actor, tokenHash string, now time.Time) (Row, error) {
+	if !subjects.ValidUserOwner(owner) {
+		return Row{}, fmt.Errorf("owner %q: an agent's owner is u_ followed by 26 base32-lower characters", owner)
+	}
+	if !subjects.ValidActor(actor) {
+		return Row{}, fmt.Errorf("actor %q: want [A-Za-z0-9_]{1,64}", actor)
+	}
+	o, err := Of(kv, owner, actor).Update(ctx, func(cur *fence.Observed[Row]) (Row, error) {
+		row := cur.Row
+		if cur.Absent() {
+			row = Row{V: 1, Owner: owner, Actor: actor, Scope: []string{}}
+		}
+		row.TokenHash, row.GrantedAt = tokenHash, now.UnixMilli()
+		return row, nil
+	})
+	if err != nil {
+		return Row{}, fmt.Errorf("set the agent secret of %s: %w", subjects.ActorKey(owner, actor), err)
 	}
 	return o.Row, nil
 }

@@ -160,6 +160,12 @@ func (i *Issuer) Connect(name string, g subjects.Permissions, ttl time.Duration)
 	if err != nil {
 		return nil, fmt.Errorf("user key for %s: %w", name, err)
 	}
+	return i.ConnectAs(kp, name, g, ttl)
+}
+
+// ConnectAs is Connect for the user whose key is kp (the callout user, whose key the callout
+// account lists).
+func (i *Issuer) ConnectAs(kp nkeys.KeyPair, name string, g subjects.Permissions, ttl time.Duration) (nats.Option, error) {
 	pub, err := kp.PublicKey()
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -140,4 +141,33 @@ func (m *Keys) signJWTs() error {
 		}
 	}
 	return nil
+}
+
+// SentinelCreds returns creds of a fresh deny-all user of the callout account, for the
+// discovery bundle: a client connects with them and its bearer as its token, and the broker
+// hands the connection to the auth callout, which decides who it is. As itself the user may do
+// nothing, and it never expires (every bundle's copy stays good).
+func (m *Keys) SentinelCreds() ([]byte, error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	uc := jwt.NewUserClaims(pub)
+	uc.Name = "sentinel"
+	uc.IssuerAccount = m.Callout.Public()
+	uc.Pub.Deny.Add(">")
+	uc.Sub.Deny.Add(">")
+	token, err := uc.Encode(m.Callout.Signer)
+	if err != nil {
+		return nil, fmt.Errorf("sign the sentinel user: %w", err)
+	}
+	return jwt.FormatUserConfig(token, seed)
 }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// owner prints the u_ owner an IdP subject derives in this space.
+func owner(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("owner", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	l := locateFlags(fs)
+	issuer := fs.String("issuer", "", "the IdP's issuer, exactly as its tokens' iss (the plane's --idp-issuer)")
+	sub := fs.String("sub", "", "the person's subject at the IdP (its tokens' sub)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	m, err := l.Keys()
+	if err != nil {
+		return err
+	}
+	o, err := admin.Owner(m, *issuer, *sub)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, o)
+	return nil
+}
+
+// agent gives a managed agent a fresh one-time secret, or revokes it.
+func agent(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	l := locateFlags(fs)
+	ownerFlag, actor := principalFlags(fs)
+	out := fs.String("out", "", "the file to write the agent's one-time secret to (0600)")
+	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *revoke == (*out != "") {
+		return errors.New("give --out FILE for a new secret, or --revoke")
+	}
+	m, err := l.Keys()
+	if err != nil {
+		return err
+	}
+	url, err := l.URL()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	principal := subjects.Principal(*ownerFlag, *actor)
+	if *revoke {
+		if _, err := admin.RevokeAgent(ctx, m, url, *ownerFlag, *actor); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked agent %s\n", principal)
+		return nil
+	}
+	secret, _, err := admin.SetAgent(ctx, m, url, *ownerFlag, *actor)
+	if err != nil {
+		return err
+	}
+	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
+		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
+	}
+	fmt.Fprintf(stdout, "wrote the one-time secret of agent %s to %s\n", principal, *out)
+	fmt.Fprintf(stdout, "exchange it: POST /exchange {\"owner\":%q,\"actor\":%q,\"actorToken\":<the secret>}\n", *ownerFlag, *actor)
+	return nil
+}
+
+// keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
+// retire KID [flags]`.
+func keys(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: authplane keys list|rotate [flags]\n       authplane keys retire KID [flags]\n")
+		fs.PrintDefaults()
+	}
+	l := locateFlags(fs)
+	action, kid := "", ""
+	if len(args) > 0 {
+		action, args = args[0], args[1:]
+	}
+	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		kid, args = args[0], args[1:]
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
+		fs.Usage()
+		return errUsage
+	}
+	m, url, err := located(l)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	set, done, err := admin.BearerKeys(ctx, m, url)
+	if err != nil {
+		return err
+	}
+	defer done()
+	switch action {
+	case "list":
+		list, err := set.List(ctx)
+		if err != nil {
+			return err
+		}
+		for _, k := range list {
+			state := "signs"
+			if !k.Active {
+				state = fmt.Sprintf("stopped %s, may retire from %s", k.Stopped.UTC().Format(time.RFC3339), k.Retire.UTC().Format(time.RFC3339))
+			}
+			fmt.Fprintf(stdout, "%s  added %s  %s\n", k.KID, k.Added.UTC().Format(time.RFC3339), state)
+		}
+	case "rotate":
+		kid, err := set.Rotate(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "rotated: %s signs from now on; the previous key stays published (retire it no sooner than 1200 s from now)\n", kid)
+	case "retire":
+		if err := set.Retire(ctx, kid); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "retired %s: the bearers it signed are refused from now on\n", kid)
+	}
+	return nil
+}

@@ -1,0 +1,226 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// The auth callout's names and bounds.
+const (
+	// EndpointCallout names the callout in its records.
+	EndpointCallout = "auth-callout"
+	// CalloutSubject is where the broker asks; CalloutQueue the queue group its replicas share.
+	CalloutSubject = "$SYS.REQ.USER.AUTH"
+	CalloutQueue   = "cotal-auth-callout"
+	// CalloutDeadline bounds one decision: the broker waits two seconds for the answer.
+	CalloutDeadline = 1800 * time.Millisecond
+	// CalloutInFlight bounds the decisions under way; past it a request is dropped and the
+	// broker refuses that connection when its wait runs out.
+	CalloutInFlight = 256
+	// xkeyHeader carries the server's curve key, which sealed the request.
+	xkeyHeader = "Nats-Server-Xkey"
+)
+
+// Callout serves the broker's auth callout for the callout account (DESIGN §7): a client that
+// connects with the deny-all sentinel creds and a plane bearer as its token gets a user of the
+// data account, scoped by its ledger row and the bearer's view, that expires with the bearer.
+// Requests and answers are sealed with the callout's curve key; an answer is signed with the
+// callout account's signing key. A request that is not the broker's, properly sealed and
+// signed, gets no answer at all.
+type Callout struct {
+	Space    string
+	Guard    *Guard
+	Keys     *bearer.Keys
+	Ledger   fence.KV
+	Pipeline *issue.Pipeline
+	// Account is the callout account's public key, Signer its signing key.
+	Account string
+	Signer  nkeys.KeyPair
+	// XKey opens requests and seals answers.
+	XKey nkeys.KeyPair
+	Log  *slog.Logger
+
+	once     sync.Once
+	inFlight chan struct{}
+}
+
+// Subscribe serves the callout on nc (a connection of the callout user) until the
+// subscription ends: each request is decided on its own goroutine, at most CalloutInFlight at
+// once.
+func (c *Callout) Subscribe(nc *nats.Conn) (*nats.Subscription, error) {
+	c.once.Do(func() { c.inFlight = make(chan struct{}, CalloutInFlight) })
+	return nc.QueueSubscribe(CalloutSubject, CalloutQueue, func(m *nats.Msg) {
+		select {
+		case c.inFlight <- struct{}{}:
+		default:
+			c.Log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", CalloutInFlight)
+			return
+		}
+		go func() {
+			defer func() { <-c.inFlight }()
+			c.serve(m)
+		}()
+	})
+}
+
+// serve answers one request, or drops it when it is not the broker's.
+func (c *Callout) serve(m *nats.Msg) {
+	answer, serverXKey, ok := c.Decide(m.Header.Get(xkeyHeader), m.Data)
+	if !ok {
+		return
+	}
+	sealed, err := c.XKey.Seal(answer, serverXKey)
+	if err != nil {
+		c.Log.Warn("auth callout: sealing the answer failed", "err", err)
+		return
+	}
+	if err := m.Respond(sealed); err != nil {
+		c.Log.Warn("auth callout: the answer was not sent", "err", err)
+	}
+}
+
+// Decide opens a sealed request and returns the signed answer, unsealed, and the server's curve
+// key to seal it for; ok is false when the request gets no answer at all: no curve key, a seal
+// that does not open, claims that are not a server's signed request, or a server key that
+// differs from the one it sealed with.
+func (c *Callout) Decide(serverXKey string, sealed []byte) (answer []byte, xkey string, ok bool) {
+	if serverXKey == "" {
+		c.Log.Debug("auth callout: a request without the server's curve key dropped")
+		return nil, "", false
+	}
+	plain, err := c.XKey.Open(sealed, serverXKey)
+	if err != nil {
+		c.Log.Debug("auth callout: a request that does not open dropped")
+		return nil, "", false
+	}
+	req, err := jwt.DecodeAuthorizationRequestClaims(string(plain))
+	if err != nil {
+		c.Log.Debug("auth callout: a request that is not an authorization request dropped")
+		return nil, "", false
+	}
+	vr := jwt.CreateValidationResults()
+	req.Validate(vr)
+	switch {
+	case vr.IsBlocking(true):
+		c.Log.Debug("auth callout: an invalid authorization request dropped")
+		return nil, "", false
+	case req.Issuer != req.Server.ID || !nkeys.IsValidPublicServerKey(req.Issuer):
+		c.Log.Debug("auth callout: a request not signed by the server it names dropped")
+		return nil, "", false
+	case req.Server.XKey != serverXKey:
+		c.Log.Debug("auth callout: a request whose signed curve key is not the one it was sealed with dropped")
+		return nil, "", false
+	case !subjects.ValidUserNKey(req.UserNkey):
+		c.Log.Debug("auth callout: a request for no user key dropped")
+		return nil, "", false
+	}
+	res := jwt.NewAuthorizationResponseClaims(req.UserNkey)
+	res.Audience = req.Server.ID
+	res.IssuerAccount = c.Account
+	user, refusal := c.authorize(req)
+	if refusal != nil {
+		res.Error = refusal.Message
+	} else {
+		res.Jwt = user
+	}
+	token, err := res.Encode(c.Signer)
+	if err != nil {
+		c.Log.Warn("auth callout: signing the answer failed", "err", err)
+		return nil, "", false
+	}
+	return []byte(token), serverXKey, true
+}
+
+// authorize decides who the connection is: the bearer validated against the published key
+// set, then, through the one guard, its principal's ledger row read now and a user minted on
+// it for the broker's user key.
+func (c *Callout) authorize(req *jwt.AuthorizationRequestClaims) (string, *fault.Error) {
+	token := req.ConnectOptions.Token
+	ctx, cancel := context.WithTimeout(context.Background(), CalloutDeadline)
+	defer cancel()
+	if token == "" {
+		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "connect with the bundle's sentinel creds and a bearer from /exchange as the token"))
+	}
+	if len(token) > idp.MaxToken {
+		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "the token is over %d bytes; it is no bearer", idp.MaxToken))
+	}
+	claims, err := c.Keys.Validate(ctx, c.Space, token)
+	switch {
+	case errors.Is(err, bearer.ErrRefused):
+		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "the bearer is refused: %s", err))
+	case err != nil:
+		return "", c.refuse(ctx, fault.Store(err, "reading the bearer keys"))
+	}
+	call := Call{Endpoint: EndpointCallout, Owner: claims.Owner, Actor: claims.Actor, Deadline: time.Now().Add(CalloutDeadline)}
+	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
+		about := call.About()
+		about.Kind = claims.View
+		user, err := c.mint(ctx, claims, req.UserNkey, about)
+		return user, about, err
+	})
+	if refusal != nil {
+		return "", refusal
+	}
+	return reply.(string), nil
+}
+
+// mint signs the connection's user: the principal's ledger row must exist now, still hold
+// every scope the bearer carries (and, for an agent, its secret), and grant `admin` for the ops
+// view. The user commits on that row as read: a grant changed meanwhile discards it.
+func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string, about audit.Request) (string, error) {
+	o, err := ledger.Of(c.Ledger, claims.Owner, claims.Actor).Observe(ctx)
+	principal := subjects.Principal(claims.Owner, claims.Actor)
+	switch {
+	case errors.Is(err, fence.ErrGone) || errors.Is(err, fence.ErrMalformed) || (err == nil && o.Absent()):
+		return "", fault.New(fault.PermissionDenied, "%s has no ledger row now", principal)
+	case err != nil:
+		return "", fault.Store(err, "reading the ledger")
+	case claims.Agent && o.Row.TokenHash == "":
+		return "", fault.New(fault.PermissionDenied, "the agent %s was revoked", principal)
+	case slices.ContainsFunc(claims.Scope, func(s string) bool { return !o.Row.Has(s) }):
+		return "", fault.New(fault.PermissionDenied, "the grant of %s changed since its bearer was issued: exchange again", principal)
+	case claims.View == bearer.ViewOps && !o.Row.Has(ledger.Admin):
+		return "", fault.New(fault.PermissionDenied, "view ops needs scope %q", ledger.Admin)
+	}
+	duty := subjects.DutyCaller
+	if claims.View == bearer.ViewOps {
+		duty = subjects.DutyOps
+	}
+	_, perms, err := subjects.PermissionsOf(duty, subjects.Holder{Space: c.Space, Owner: claims.Owner, Actor: claims.Actor})
+	if err != nil {
+		return "", fault.Wrap(fault.Internal, err, "the %s permissions", duty)
+	}
+	issued, err := c.Pipeline.Issue(ctx, issue.Plan{
+		Request: about,
+		Grants:  []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
+		Ceiling: issue.Ceiling{At: claims.Expires, What: "the bearer"},
+		Steps:   []issue.Step{issue.Unchanged(o)},
+	})
+	if err != nil {
+		return "", err
+	}
+	return issued.Credentials[0].JWT, nil
+}
+
+// refuse records a refusal made before the bearer named its principal, and returns it.
+func (c *Callout) refuse(ctx context.Context, refusal *fault.Error) *fault.Error {
+	c.Guard.Refused(ctx, audit.Request{Endpoint: EndpointCallout, Caller: subjects.Principal("_", "_")}, refusal)
+	return refusal
+}

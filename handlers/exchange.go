@@ -1,0 +1,220 @@
+package handlers
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Endpoint names of the HTTP doors, in their records.
+const (
+	EndpointExchange                = "exchange"
+	EndpointManagerServiceAuthority = "manager-service-authority"
+)
+
+// AgentBearerTTL bounds an agent's bearer.
+const AgentBearerTTL = 300 * time.Second
+
+// exchangeBody is `POST /exchange`'s body: a human's IdP token, or an agent's owner and secret.
+type exchangeBody struct {
+	IdPToken   *string `json:"idpToken"`
+	Actor      *string `json:"actor"`
+	ActorToken *string `json:"actorToken"`
+	Owner      *string `json:"owner"`
+	TTLSec     *int64  `json:"ttlSec"`
+	View       *string `json:"view"`
+}
+
+// ExchangeReply is what `POST /exchange` answers: a bearer, whose it is, and until when
+// (seconds).
+type ExchangeReply struct {
+	Token string `json:"token"`
+	Owner string `json:"owner"`
+	Exp   int64  `json:"exp"`
+}
+
+// errAgent is the one answer an agent gets for an unknown agent and a wrong secret alike: no
+// existence oracle.
+var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown agent or wrong secret - if this agent should exist, respawn it to rotate its grant")
+
+// errTTL refuses a ttlSec off its range; as in the original, that is the exchange's refusal
+// (401), not the body's.
+var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
+
+// exchange serves `POST /exchange` (DESIGN §7), one of two arms per request:
+//   - human `{idpToken, actor, ttlSec?, view?}`: the IdP token verified, its subject's owner
+//     derived, the principal's ledger row read now; a bearer of at most 900 s and no longer
+//     than the IdP token lives;
+//   - agent `{owner, actor, actorToken, ttlSec?}`: the secret's SHA-256 against the managed
+//     ledger row, in constant time; a bearer of at most 300 s.
+//
+// The public face serves only the caller view; `ops` needs `admin` and the loopback face.
+func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fault.Error) {
+	var b exchangeBody
+	if err := body.Decode(data, &b); err != nil {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.As(err))
+	}
+	view := bearer.ViewCaller
+	if b.View != nil {
+		view = *b.View
+	}
+	switch {
+	case b.IdPToken != nil && b.ActorToken != nil:
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "exchange takes idpToken (human) OR owner+actorToken (agent), never both"))
+	case view != bearer.ViewCaller && view != bearer.ViewOps:
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.Field("view", "want caller or ops"))
+	case view != bearer.ViewCaller && f.public:
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.PermissionDenied, "elevated views are a loopback operator surface - the public exchange never serves them"))
+	case b.ActorToken != nil:
+		return f.agentExchange(ctx, &b, view)
+	}
+	if b.IdPToken == nil || b.Actor == nil || b.Owner != nil {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "exchange needs { idpToken: string, actor: string, ttlSec?: number, view?: string }"))
+	}
+	sub, owner, refusal := f.verifyIdP(ctx, EndpointExchange, *b.IdPToken)
+	if refusal != nil {
+		return nil, refusal
+	}
+	return f.serve(EndpointExchange, owner, *b.Actor, data, func(ctx context.Context, c Call) (any, audit.Request, error) {
+		ttl := bearer.MaxTTL
+		if b.TTLSec != nil {
+			if *b.TTLSec < 1 || *b.TTLSec > int64(bearer.MaxTTL/time.Second) {
+				return nil, c.About(), errTTL
+			}
+			ttl = time.Duration(*b.TTLSec) * time.Second
+		}
+		if left := sub.Exp.Sub(f.h.Now()); left < ttl {
+			ttl = left
+		}
+		reply, err := f.issueBearer(ctx, c, view, ttl, false)
+		return reply, c.About(), err
+	})
+}
+
+// agentExchange is the agent arm: the secret is the proof.
+func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) (any, *fault.Error) {
+	if view != bearer.ViewCaller {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "the managed (agent-secret) exchange never mints elevated views - views ride a signed-in human exchange"))
+	}
+	if b.Owner == nil || b.Actor == nil || b.IdPToken != nil {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "agent exchange needs { owner: string, actor: string, actorToken: string, ttlSec?: number }"))
+	}
+	owner, actor := *b.Owner, *b.Actor
+	if !subjects.ValidUserOwner(owner) || !subjects.ValidActor(actor) {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
+	}
+	// Until the secret matches, the principal is only named, not shown: its refusals are
+	// recorded as "_._", so nobody can spend another owner's record budget.
+	row, found, err := ledger.Read(ctx, f.h.Ledger, owner, actor)
+	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.Store(err, "reading the ledger"))
+	}
+	sum := sha256.Sum256([]byte(*b.ActorToken))
+	want := []byte(row.TokenHash)
+	if !found || row.TokenHash == "" || subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), want) != 1 {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
+	}
+	data, err := json.Marshal(map[string]string{"owner": owner, "actor": actor})
+	if err != nil {
+		return nil, fault.As(err)
+	}
+	return f.serve(EndpointExchange, owner, actor, data, func(ctx context.Context, c Call) (any, audit.Request, error) {
+		ttl := AgentBearerTTL
+		if b.TTLSec != nil {
+			if *b.TTLSec < 1 {
+				return nil, c.About(), errTTL
+			}
+			ttl = min(ttl, time.Duration(*b.TTLSec)*time.Second)
+		}
+		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, true)
+		return reply, c.About(), err
+	})
+}
+
+// issueBearer signs a bearer for the call's principal, whose ledger row is read now: it must
+// exist (and, for an agent, still hold its secret), and hold `admin` for the ops view.
+func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, agent bool) (any, error) {
+	row, found, err := ledger.Read(ctx, f.h.Ledger, c.Owner, c.Actor)
+	switch {
+	case err != nil && !errors.Is(err, ledger.ErrMalformed):
+		return nil, fault.Store(err, "reading the ledger")
+	case !found || (agent && row.TokenHash == ""):
+		return nil, fault.New(fault.Unauthenticated, "%s has no ledger row: an operator grants it first", c.Principal())
+	case view == bearer.ViewOps && !row.Has(ledger.Admin):
+		return nil, fault.New(fault.PermissionDenied, "view ops needs scope %q", ledger.Admin)
+	case ttl < time.Second:
+		return nil, fault.New(fault.Unauthenticated, "the IdP token has no life left to lend a bearer")
+	}
+	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent}, ttl)
+	if err != nil {
+		return nil, fault.Store(err, "issuing the bearer")
+	}
+	f.h.Log.Info("bearer issued", "caller", c.Principal(), "view", view, "agent", agent, "exp", exp.Unix())
+	return ExchangeReply{Token: token, Owner: c.Owner, Exp: exp.Unix()}, nil
+}
+
+// msaBody is `POST /manager-service-authority`'s body.
+type msaBody struct {
+	IdPToken *string         `json:"idpToken"`
+	Request  json.RawMessage `json:"request"`
+}
+
+// managerAuthority serves `POST /manager-service-authority` (DESIGN §7): the same dispatcher
+// as the bus endpoint, with the owner the IdP token's subject derives as the caller, and the
+// request's actor.
+func (f *face) managerAuthority(ctx context.Context, peer string, data []byte) (any, *fault.Error) {
+	var b msaBody
+	if err := body.Decode(data, &b); err != nil || b.IdPToken == nil || b.Request == nil {
+		return nil, f.refuse(ctx, EndpointManagerServiceAuthority, "_", "_", fault.New(fault.BadRequest, "manager-service authority needs { idpToken, request }"))
+	}
+	actor, err := body.Peek(b.Request, "actor")
+	if err != nil || !subjects.ValidActor(actor) {
+		return nil, f.refuse(ctx, EndpointManagerServiceAuthority, "_", "_", fault.Field("request.actor", "want [A-Za-z0-9_]{1,64}"))
+	}
+	_, owner, refusal := f.verifyIdP(ctx, EndpointManagerServiceAuthority, *b.IdPToken)
+	if refusal != nil {
+		return nil, refusal
+	}
+	return f.serve(subjects.EndpointManagerAuthority, owner, actor, b.Request, f.h.Manager)
+}
+
+// verifyIdP verifies an IdP token and derives its subject's owner; a refusal is recorded.
+func (f *face) verifyIdP(ctx context.Context, endpoint, token string) (idp.Subject, string, *fault.Error) {
+	if f.h.IdP == nil {
+		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unimplemented, "this space trusts no identity provider (--idp-url)"))
+	}
+	sub, err := f.h.IdP.Verify(ctx, token)
+	if err != nil {
+		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unauthenticated, "the IdP token is refused: %s", err))
+	}
+	return sub, idp.DeriveOwner(f.h.OwnerSecret, f.h.IdP.Config().Issuer, sub.Sub), nil
+}
+
+// serve passes a door's call, its principal authenticated, through the one guard.
+func (f *face) serve(endpoint, owner, actor string, data []byte, fn Func) (any, *fault.Error) {
+	timeout := f.h.Timeout
+	if f.public {
+		timeout = min(timeout, PublicDeadline)
+	}
+	deadline := time.Now().Add(timeout)
+	return f.h.Guard.Serve(Call{Endpoint: endpoint, Owner: owner, Actor: actor, Body: data, Deadline: deadline}, fn)
+}
+
+// refuse records a door's refusal made before its caller was known ("_._" then), and returns
+// it.
+func (f *face) refuse(ctx context.Context, endpoint, owner, actor string, refusal *fault.Error) *fault.Error {
+	f.h.Guard.Refused(ctx, audit.Request{Endpoint: endpoint, Caller: subjects.Principal(owner, actor)}, refusal)
+	return refusal
+}

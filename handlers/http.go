@@ -1,0 +1,340 @@
+package handlers
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/idp"
+)
+
+// Bounds of the HTTP face (DESIGN §7).
+const (
+	// MaxBody is the largest body a door reads: exactly this many bytes are judged on their
+	// content, one more is 413.
+	MaxBody = 65536
+	// PublicMaxInFlight bounds the public face's requests in flight; past it, 503.
+	PublicMaxInFlight = 64
+	// PublicDeadline bounds a public request, its body included; past it, 503.
+	PublicDeadline = 10 * time.Second
+	// RefusalsPerMinute is a peer's refusal budget: past it, a refusal is 429 without its reason.
+	RefusalsPerMinute = 30
+	// peerBuckets bounds the per-peer budgets kept.
+	peerBuckets = 1024
+)
+
+// HTTP is the plane's HTTP face: a loopback listener, always, and a public one, optional. Each
+// is a closed route table matched on the exact path; every POST door passes the face's guards
+// (method, origin, content type, the loopback capability, size, JSON) and then the one guard
+// every call passes, and mints through the same pipeline as the bus.
+type HTTP struct {
+	Space   string
+	Guard   *Guard
+	Timeout time.Duration
+	// Health says whether the plane can serve, and if not, why.
+	Health func(ctx context.Context) (ok bool, reason string)
+	Keys   *bearer.Keys
+	// IdP verifies the identity provider's tokens; nil when the space trusts none.
+	IdP         *idp.Verifier
+	OwnerSecret []byte
+	Ledger      fence.KV
+	// Manager serves a manager-authority request, as on the bus.
+	Manager Func
+	// Cap is the loopback capability (`Authorization: Bearer <cap>`, from auth-service.json).
+	Cap string
+	// Bundle is the discovery bundle the public face serves.
+	Bundle []byte
+	// Metrics serves the Prometheus metrics on the loopback face; nil serves none.
+	Metrics http.Handler
+	// TrustedProxy says the public face sits behind a proxy whose X-Forwarded-For's last hop
+	// names the peer.
+	TrustedProxy bool
+	Log          *slog.Logger
+	Now          func() time.Time
+}
+
+// face is one listener's state: its routes and budgets.
+type face struct {
+	h        *HTTP
+	public   bool
+	routes   map[string]http.HandlerFunc
+	known    string
+	refusals *windows
+	badCaps  *windows
+	inFlight atomic.Int64
+}
+
+// Loopback returns the loopback face's handler: health, jwks, and the exchange and
+// manager-service-authority doors behind the capability.
+func (h *HTTP) Loopback() http.Handler {
+	f := &face{h: h, refusals: newWindows(), badCaps: newWindows()}
+	f.routes = map[string]http.HandlerFunc{
+		"/health":                    f.health,
+		"/jwks":                      f.jwks,
+		"/exchange":                  f.door(f.exchange),
+		"/manager-service-authority": f.door(f.managerAuthority),
+	}
+	f.known = "/health, /jwks, /exchange, /manager-service-authority"
+	if h.Metrics != nil {
+		f.routes["/metrics"] = f.metrics
+		f.known += ", /metrics"
+	}
+	return f
+}
+
+// Public returns the public face's handler: the loopback routes with no capability (the IdP
+// token or the agent's secret is the proof), and the discovery bundle; at most
+// PublicMaxInFlight requests at once, each within PublicDeadline.
+func (h *HTTP) Public() http.Handler {
+	f := &face{h: h, public: true, refusals: newWindows()}
+	f.routes = map[string]http.HandlerFunc{
+		"/health":                    f.health,
+		"/jwks":                      f.jwks,
+		"/exchange":                  f.door(f.exchange),
+		"/manager-service-authority": f.door(f.managerAuthority),
+		"/.well-known/cotal-mesh":    f.bundle,
+	}
+	f.known = "/health, /jwks, /exchange, /manager-service-authority, /.well-known/cotal-mesh"
+	return f
+}
+
+// ServeHTTP routes on the exact raw path: no cleaning, no trailing-slash redirects, no queries.
+func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.public {
+		if f.inFlight.Add(1) > PublicMaxInFlight {
+			f.inFlight.Add(-1)
+			closeUnread(w)
+			writeError(w, fault.New(fault.Unavailable, "busy - retry shortly"))
+			return
+		}
+		defer f.inFlight.Add(-1)
+		ctx, cancel := context.WithTimeout(r.Context(), PublicDeadline)
+		defer cancel()
+		r = r.WithContext(ctx)
+		if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(PublicDeadline)); err != nil {
+			f.h.Log.Debug("no read deadline on a public request", "err", err)
+		}
+	}
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	route, ok := f.routes[path]
+	if !ok || r.URL.RawQuery != "" || r.URL.ForceQuery {
+		closeUnread(w)
+		writeError(w, fault.New(fault.NotFound, "unknown path - %s", f.known))
+		return
+	}
+	route(w, r)
+}
+
+func (f *face) health(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if ok, reason := f.h.Health(ctx); !ok {
+		writeJSON(w, fault.Unavailable.HTTPStatus(), map[string]any{"ok": false, "reason": reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "issuer": "urn:cotal:auth:" + f.h.Space})
+}
+
+func (f *face) jwks(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	doc, etag, err := f.h.Keys.JWKS(r.Context())
+	if err != nil {
+		f.h.Log.Warn("jwks not served", "err", err)
+		writeError(w, fault.Store(err, "reading the bearer keys"))
+		return
+	}
+	w.Header().Set("Cache-Control", "max-age=300")
+	w.Header().Set("ETag", etag)
+	if r.Header.Get("If-None-Match") == etag {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(doc); err != nil {
+		f.h.Log.Debug("jwks not sent", "err", err)
+	}
+}
+
+func (f *face) metrics(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	f.h.Metrics.ServeHTTP(w, r)
+}
+
+func (f *face) bundle(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(f.h.Bundle); err != nil {
+		f.h.Log.Debug("bundle not sent", "err", err)
+	}
+}
+
+// getOnly answers 405 to anything but GET and HEAD.
+func getOnly(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		writeError(w, fault.New(fault.MethodNotAllowed, "GET only"))
+		return false
+	}
+	return true
+}
+
+// contentJSON is what a door's Content-Type must start with.
+var contentJSON = regexp.MustCompile(`^application/json\b`)
+
+// doorFunc serves a door's body: a reply, or a refusal.
+type doorFunc func(ctx context.Context, peer string, data []byte) (any, *fault.Error)
+
+// door wraps a POST door in the face's guards, in DESIGN §7's order: 405 not POST, 403 any
+// Origin, 415 not JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a
+// minute, 413 over MaxBody, 400 not JSON. A refusal past them counts against the peer's
+// budget; once the budget is spent a refusal is 429 and withholds its reason, while a valid
+// credential still succeeds.
+func (f *face) door(serve doorFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method != http.MethodPost:
+			closeUnread(w)
+			writeError(w, fault.New(fault.MethodNotAllowed, "POST only"))
+			return
+		case r.Header.Values("Origin") != nil:
+			closeUnread(w)
+			writeError(w, fault.New(fault.PermissionDenied, "browser-origin requests are not served here"))
+			return
+		case !contentJSON.MatchString(r.Header.Get("Content-Type")):
+			closeUnread(w)
+			writeError(w, fault.New(fault.UnsupportedMediaType, "content-type must be application/json"))
+			return
+		}
+		now := f.h.Now()
+		if !f.public && !f.capOK(r) {
+			closeUnread(w)
+			f.badCaps.record("loopback", now)
+			if f.badCaps.count("loopback", now) > RefusalsPerMinute {
+				writeError(w, fault.New(fault.ResourceExhausted, "too many invalid-capability attempts - wait a minute and retry"))
+				return
+			}
+			writeError(w, fault.New(fault.Unauthenticated, "missing/invalid exchange capability - read it from the space's auth-service.json"))
+			return
+		}
+		peer := f.peer(r)
+		throttled := f.refusals.count(peer, now) >= RefusalsPerMinute
+		data, ferr := readBody(r)
+		if ferr != nil {
+			closeUnread(w)
+			writeError(w, ferr)
+			return
+		}
+		reply, refusal := serve(r.Context(), peer, data)
+		if refusal == nil {
+			writeJSON(w, http.StatusOK, reply)
+			return
+		}
+		f.refusals.record(peer, now)
+		if throttled {
+			refusal = fault.New(fault.ResourceExhausted, "too many refused requests - wait a minute and retry")
+		}
+		writeError(w, refusal)
+	}
+}
+
+// closeUnread marks an answer given before the request's body was read: the connection closes
+// after it, where the server would otherwise read the rest of the body, as slowly as the client
+// sends it, before answering.
+func closeUnread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
+
+// capOK checks the loopback capability in constant time.
+func (f *face) capOK(r *http.Request) bool {
+	got := r.Header.Get("Authorization")
+	return f.h.Cap != "" && subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+f.h.Cap)) == 1
+}
+
+// peer names whom a request's budget is charged to: the socket's address, or on the public
+// face behind a trusted proxy the last X-Forwarded-For hop.
+func (f *face) peer(r *http.Request) string {
+	if !f.public {
+		return "loopback"
+	}
+	if f.h.TrustedProxy {
+		if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+			hops := strings.Split(xff[len(xff)-1], ",")
+			if hop := strings.TrimSpace(hops[len(hops)-1]); hop != "" {
+				return hop
+			}
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// readBody reads a door's body: at most MaxBody bytes (413 past it), before the request's
+// deadline (503 past it), and JSON (400 otherwise).
+func readBody(r *http.Request) ([]byte, *fault.Error) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	switch {
+	case err != nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
+		return nil, fault.New(fault.Unavailable, "request deadline exceeded")
+	case err != nil:
+		return nil, fault.New(fault.BadRequest, "request body could not be read")
+	case len(data) > MaxBody:
+		return nil, fault.New(fault.TooLarge, "request body too large (maximum %d bytes)", MaxBody)
+	case !json.Valid(data):
+		return nil, fault.New(fault.BadRequest, "request body is not valid JSON")
+	}
+	return data, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// writeError answers with refusal e, its status from fault's one table: `{error, code}`.
+func writeError(w http.ResponseWriter, e *fault.Error) {
+	writeJSON(w, e.Code.HTTPStatus(), map[string]string{"error": e.Message, "code": string(e.Code)})
+}
+
+// writeJSON answers with v as JSON (no HTML escaping), never cached. No CORS header, ever.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := body.Encode(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":"internal error","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if w.Header().Get("Cache-Control") == "" {
+		w.Header().Set("Cache-Control", "no-store")
+	}
+	w.WriteHeader(status)
+	if _, err := w.Write(append(data, '\n')); err != nil {
+		return // the client went away; nothing more to send
+	}
+}

@@ -1,0 +1,308 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// A client that knows only the bundle's URL and holds an IdP token fetches the bundle,
+// exchanges the token for a bearer, connects through the auth callout, and may do what a caller
+// may: call the plane and publish its own run-starts; nothing else. When its bearer expires
+// the broker cuts it off, and the bearer no longer connects.
+func TestBundleExchangeConnectExpire(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, nil)
+	owner := humanOwner(t, p, ip, "alice@example.com")
+	grant(t, p, owner, "cli")
+
+	b := fetchBundle(t, p.PublicURL())
+	if b.Space != testSpace || b.Server != p.NATSURL() || b.UserAuth.Provider != "cotal" ||
+		b.UserAuth.Endpoints.URL != p.PublicURL() || b.UserAuth.Endpoints.ManagerAuthorityURL != p.PublicURL()+"/manager-service-authority" ||
+		b.UserAuth.IdP.Issuer != ip.Issuer || b.UserAuth.IdP.Audience != ip.Audience || b.UserAuth.IdP.URL != ip.Server.URL {
+		t.Fatalf("bundle: got %+v", b)
+	}
+
+	ex := exchange(t, b.UserAuth.Endpoints.URL, map[string]any{"idpToken": ip.Token(t, ip.Claims("alice@example.com", time.Hour)), "actor": "cli", "ttlSec": 3})
+	if ex.Owner != owner {
+		t.Fatalf("exchange: got owner %q, want %q", ex.Owner, owner)
+	}
+	if left := time.Until(time.Unix(ex.Exp, 0)); left > 4*time.Second || left < 0 {
+		t.Fatalf("exchange: exp %d is %s away, want the 3 s asked for", ex.Exp, left)
+	}
+
+	var errs asyncErrors
+	closed := make(chan struct{})
+	nc, err := bearerConnect(t, b, ex.Token, owner, "cli", errs.option(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("connect with the bearer: %v", err)
+	}
+	// Allowed: a call to the plane as itself, answered in its own inbox.
+	cl, err := client.New(nc, testSpace, owner, "cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.Do(t.Context(), subjects.EndpointManagerAuthority, map[string]any{"kind": "nonsense"})
+	var refusal *client.Refusal
+	if !errors.As(err, &refusal) || refusal.Code != "bad-request" {
+		t.Fatalf("a call to the plane over the callout's connection: got %v, want the plane's bad-request refusal", err)
+	}
+	// Refused: another principal's subjects, and anything outside the caller's rail.
+	other := "cotal." + testSpace + ".auth.manager-authority." + ownerB + ".cli"
+	if err := nc.Publish(other, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	errs.waitViolation(t, "Publish", other)
+	if _, err := nc.SubscribeSync("cotal.>"); err != nil {
+		t.Fatal(err)
+	}
+	errs.waitViolation(t, "Subscription", "cotal.>")
+
+	// The user expires with the bearer: the broker closes the connection, and the bearer
+	// connects no more.
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the connection outlived its bearer (exp %d, now %d)", ex.Exp, time.Now().Unix())
+	}
+	if nc, err := bearerConnect(t, b, ex.Token, owner, "cli"); err == nil {
+		nc.Close()
+		t.Fatal("an expired bearer connected, want it refused")
+	} else if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("an expired bearer: got %v, want an authorization violation", err)
+	}
+}
+
+// The callout refuses every bearer it should not honour: none, garbage, another space's or a
+// forged one, a principal whose row is gone, an agent revoked after its exchange; and a
+// refused connection is recorded, not minted.
+func TestCalloutRefusesBadBearers(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, nil)
+	b := fetchBundle(t, p.PublicURL())
+
+	// An agent exchanges, then is revoked: its bearer no longer connects.
+	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := exchange(t, p.PublicURL(), map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret})
+	nc, err := bearerConnect(t, b, agent.Token, ownerA, "worker")
+	if err != nil {
+		t.Fatalf("the agent's bearer: %v", err)
+	}
+	nc.Close()
+	if _, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "worker"); err != nil {
+		t.Fatal(err)
+	}
+	if r := post(t, p.PublicURL()+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret}); r.Status != http.StatusUnauthorized {
+		t.Errorf("a revoked agent's exchange: got %d %s, want 401", r.Status, r.Body)
+	}
+
+	// A plane bearer of another space: signed with a key this space does not publish.
+	human := humanOwner(t, p, ip, "bob")
+	grant(t, p, human, "cli", "admin")
+	good := exchange(t, p.PublicURL(), map[string]any{"idpToken": ip.Token(t, ip.Claims("bob", time.Hour)), "actor": "cli"})
+
+	for _, tt := range []struct {
+		name, token string
+	}{
+		{"no token", ""},
+		{"garbage", "not-a-bearer"},
+		{"an IdP token", ip.Token(t, ip.Claims("bob", time.Hour))},
+		{"a revoked agent's bearer", agent.Token},
+		{"a bearer with a forged signature", good.Token[:len(good.Token)-6] + "AAAAAA"},
+		{"an oversized token", strings.Repeat("a", 9000)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if nc, err := bearerConnect(t, b, tt.token, human, "cli"); err == nil {
+				nc.Close()
+				t.Fatalf("connected, want the callout to refuse")
+			}
+		})
+	}
+	// The good one still connects: the refusals were the tokens', not the plane's.
+	nc, err = bearerConnect(t, b, good.Token, human, "cli")
+	if err != nil {
+		t.Fatalf("a good bearer after the refusals: %v", err)
+	}
+	nc.Close()
+}
+
+// Every connection the callout makes is on record in `minted` (under no instance), and an ops
+// bearer — loopback only, for an admin — connects as an operator who may discover the service.
+func TestCalloutRecordsAndOpsView(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	var dir string
+	p := startFacesPlane(t, ip, func(c *service.Config) { dir = c.Dir })
+	owner := humanOwner(t, p, ip, "carol")
+	grant(t, p, owner, "ops", ledger.Admin)
+	b := fetchBundle(t, p.PublicURL())
+
+	body := map[string]any{"idpToken": ip.Token(t, ip.Claims("carol", time.Hour)), "actor": "ops", "view": "ops"}
+	if r := post(t, p.PublicURL()+"/exchange", body); r.Status != http.StatusForbidden || r.code() != "permission-denied" {
+		t.Fatalf("an ops view on the public face: got %d %s, want 403 permission-denied", r.Status, r.Body)
+	}
+	ex := exchange(t, p.HTTPURL(), body, capHeader(t, dir)...)
+	nc, err := bearerConnect(t, b, ex.Token, owner, "ops")
+	if err != nil {
+		t.Fatalf("connect with an ops bearer: %v", err)
+	}
+	if _, err := nc.Request("$SRV.PING."+subjects.ServiceName, nil, 5*time.Second); err != nil {
+		t.Fatalf("an ops connection pings the service: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := p.JS(t).Stream(ctx, subjects.MintedStream(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedSubject(testSpace, "", "*")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 1 {
+		t.Fatalf("minted records under no instance: got %v, want the one connection's", info.State.Subjects)
+	}
+	for subject := range info.State.Subjects {
+		var rec audit.Minted
+		readRecord(t, p, subjects.MintedStream(testSpace), subject, &rec)
+		if rec.Endpoint != handlers.EndpointCallout || rec.Caller != subjects.Principal(owner, "ops") || rec.Duty != string(subjects.DutyOps) || rec.Exp != ex.Exp {
+			t.Errorf("the connection's minted record: got %+v, want auth-callout, %s, ops, exp %d", rec, subjects.Principal(owner, "ops"), ex.Exp)
+		}
+	}
+}
+
+// The user the callout mints commits on its principal's ledger row as read: an agent revoked
+// between the check and the commit gets no connection, and the mint is recorded discarded.
+func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	var armed atomic.Bool
+	reached, release := make(chan struct{}), make(chan struct{})
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.Hooks = &service.Hooks{BeforeCommit: func() {
+			if armed.CompareAndSwap(true, false) {
+				close(reached)
+				<-release
+			}
+		}}
+	})
+	b := fetchBundle(t, p.PublicURL())
+	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := exchange(t, p.PublicURL(), map[string]any{"owner": ownerA, "actor": "racer", "actorToken": secret})
+
+	armed.Store(true)
+	connected := make(chan error, 1)
+	go func() {
+		nc, err := bearerConnect(t, b, ex.Token, ownerA, "racer")
+		if err == nil {
+			nc.Close()
+		}
+		connected <- err
+	}()
+	select {
+	case <-reached:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the callout's mint never reached its commit")
+	}
+	if _, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-connected; err == nil {
+		t.Fatal("an agent revoked before the callout's commit connected, want it refused")
+	}
+	var rec audit.Decision
+	readRecord(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "discarded", ownerA, "racer"), &rec)
+	if rec.Endpoint != handlers.EndpointCallout || rec.Code != "conflict" {
+		t.Errorf("the discarded record: got %+v, want auth-callout, conflict", rec)
+	}
+	if v := sample(scrape(t, p.HTTPURL()), "authplane_mints_discarded_total", map[string]string{"endpoint": handlers.EndpointCallout, "code": "conflict"}); v != 1 {
+		t.Errorf("/metrics discarded callout mints: got %v, want 1", v)
+	}
+}
+
+// Two replicas of one space share the bearer keys through the store: a bearer one issues
+// connects whichever replica's callout answers, a rotation made through either is what both
+// publish and sign with, and the old bearer still connects until its key is retired.
+func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	ip := idptest.New(t)
+	a := startFacesPlane(t, ip, againstStandalone(s))
+	b := startFacesPlane(t, ip, againstStandalone(s))
+	owner := humanOwner(t, a, ip, "dana")
+	grant(t, a, owner, "cli")
+	bun := fetchBundle(t, b.PublicURL())
+	token := func(p *testPlane) string {
+		return exchange(t, p.PublicURL(), map[string]any{"idpToken": ip.Token(t, ip.Claims("dana", time.Hour)), "actor": "cli"}).Token
+	}
+	old := token(a)
+	// The broker asks one callout replica per connection, at random: of twenty, each replica
+	// answers some (all twenty to one has odds of one in half a million).
+	for i := range 20 {
+		nc, err := bearerConnect(t, bun, old, owner, "cli")
+		if err != nil {
+			t.Fatalf("connection %d with replica A's bearer: %v", i, err)
+		}
+		nc.Close()
+	}
+	served := map[string]string{"endpoint": handlers.EndpointCallout, "kind": "caller", "code": "ok"}
+	na, nb := sample(scrape(t, a.HTTPURL()), "authplane_requests_total", served), sample(scrape(t, b.HTTPURL()), "authplane_requests_total", served)
+	if na+nb != 20 || na == 0 || nb == 0 {
+		t.Errorf("connections each replica's callout served: got %v and %v, want 20 between both, some each", na, nb)
+	}
+
+	keys, done, err := admin.BearerKeys(grantCtx(t), a.Keys(), s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	kid, err := keys.Rotate(grantCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*testPlane{a, b} {
+		if jwks := get(t, p.PublicURL()+"/jwks"); !strings.Contains(string(jwks.Body), kid) {
+			t.Errorf("a replica's /jwks after the rotation: %s, want kid %s", jwks.Body, kid)
+		}
+		fresh := token(p)
+		if h, _ := jwtParts(t, fresh); h["kid"] != kid {
+			t.Errorf("a replica's bearer after the rotation: kid %v, want %s", h["kid"], kid)
+		}
+		nc, err := bearerConnect(t, bun, fresh, owner, "cli")
+		if err != nil {
+			t.Fatalf("a bearer of the new key: %v", err)
+		}
+		nc.Close()
+	}
+	nc, err := bearerConnect(t, bun, old, owner, "cli")
+	if err != nil {
+		t.Fatalf("a bearer of the old key, not yet retired: %v", err)
+	}
+	nc.Close()
+}

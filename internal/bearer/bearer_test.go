@@ -1,0 +1,169 @@
+package bearer
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+
+	"github.com/cotal-ai/authplane/internal/store/storetest"
+)
+
+const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// newKeys is a key set made from a fresh first key, on a clock the test moves.
+func newKeys(t *testing.T) (*Keys, *clock) {
+	t.Helper()
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	k := New(storetest.New(), c.now)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Ensure(ctx(t), jose.JSONWebKey{Key: priv}); err != nil {
+		t.Fatal(err)
+	}
+	return k, c
+}
+
+func caller() Claims {
+	return Claims{Owner: owner, Actor: "cli", Scope: []string{"supervise"}, View: ViewCaller}
+}
+
+func TestABearerValidatesWithWhatItWasIssuedFor(t *testing.T) {
+	k, _ := newKeys(t)
+	token, exp, err := k.Issue(ctx(t), "default", caller(), 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.Validate(ctx(t), "default", token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Owner != owner || got.Actor != "cli" || got.View != ViewCaller || got.Scope[0] != "supervise" || !got.Expires.Equal(exp) {
+		t.Fatalf("got %+v, want what was issued, until %s", got, exp)
+	}
+	if _, err := k.Validate(ctx(t), "other", token); err == nil {
+		t.Fatal("a bearer of space default validated for space other")
+	}
+}
+
+func TestABearerNeverLivesLongerThanFifteenMinutes(t *testing.T) {
+	k, c := newKeys(t)
+	if _, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL+time.Second); err == nil {
+		t.Fatal("a bearer of 15 minutes and a second was issued")
+	}
+	token, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = c.t.Add(MaxTTL + Skew)
+	if _, err := k.Validate(ctx(t), "default", token); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("past its life: got %v, want expired", err)
+	}
+}
+
+func TestRotationKeepsOldBearersValidUntilTheRetireFloor(t *testing.T) {
+	k, c := newKeys(t)
+	old, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, etag1, err := k.JWKS(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKid, err := CheckKid(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKid, err := k.Rotate(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc2, etag2, err := k.JWKS(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if etag1 == etag2 || !strings.Contains(string(doc2), oldKid) || !strings.Contains(string(doc2), newKid) || strings.Contains(string(doc2), `"d"`) {
+		t.Fatalf("after a rotation: got %s (etag %s then %s), want both kids, a new etag and no private part", doc2, etag1, etag2)
+	}
+	fresh, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kid, _ := CheckKid(fresh); kid != newKid {
+		t.Fatalf("after a rotation: a bearer signed by %s, want the new key %s", kid, newKid)
+	}
+	if _, err := k.Validate(ctx(t), "default", old); err != nil {
+		t.Fatalf("a bearer of the previous key: got %v, want it valid while published", err)
+	}
+	if err := k.Retire(ctx(t), newKid); err == nil {
+		t.Fatal("the active key was retired")
+	}
+	c.t = c.t.Add(RetireFloor - time.Second)
+	if err := k.Retire(ctx(t), oldKid); !errors.Is(err, ErrTooSoon) {
+		t.Fatalf("retire a second before the floor: got %v, want ErrTooSoon", err)
+	}
+	c.t = c.t.Add(time.Second)
+	if err := k.Retire(ctx(t), oldKid); err != nil {
+		t.Fatalf("retire at the floor: %v", err)
+	}
+	doc3, _, err := k.JWKS(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(doc3), oldKid) {
+		t.Fatalf("a retired key is still published: %s", doc3)
+	}
+}
+
+// CheckKid returns a token's kid, for tests.
+func CheckKid(token string) (string, error) {
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	if err != nil {
+		return "", err
+	}
+	return jws.Signatures[0].Header.KeyID, nil
+}
+
+func TestATamperedOrForeignBearerIsRefused(t *testing.T) {
+	k, _ := newKeys(t)
+	other, _ := newKeys(t)
+	token, _, err := k.Issue(ctx(t), "default", caller(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, _, err := other.Issue(ctx(t), "default", caller(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(token, ".")
+	tampered := parts[0] + "." + strings.TrimRight(parts[1], "=") + "x." + parts[2]
+	for name, tok := range map[string]string{"another space's key": foreign, "tampered": tampered, "empty": "", "junk": "a.b.c"} {
+		if _, err := k.Validate(ctx(t), "default", tok); err == nil {
+			t.Errorf("%s: validated", name)
+		}
+	}
+	if _, _, err := k.Issue(ctx(t), "default", Claims{Owner: "p_aaaaaaaaaaaaaaaaaaaaaaaaaa", Actor: "cli", View: ViewCaller}, time.Minute); err == nil {
+		t.Error("a bearer for a p_ owner was issued")
+	}
+	if _, _, err := k.Issue(ctx(t), "default", Claims{Owner: owner, Actor: "cli", View: "root"}, time.Minute); err == nil {
+		t.Error("a bearer of an unknown view was issued")
+	}
+}

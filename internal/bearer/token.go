@@ -1,0 +1,186 @@
+package bearer
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Views a bearer may carry: what the connection the callout makes for it may do (DESIGN §6.8).
+const (
+	// ViewCaller is the default: a caller's permissions.
+	ViewCaller = "caller"
+	// ViewOps adds discovery (`$SRV`); it needs `admin` and is served on loopback only.
+	ViewOps = "ops"
+)
+
+// Claims are what a bearer says: whose it is, for which view, until when.
+type Claims struct {
+	Owner string
+	Actor string
+	// Scope is the principal's ledger scope when the bearer was issued.
+	Scope []string
+	View  string
+	// Agent marks a bearer exchanged for an agent's secret.
+	Agent bool
+	// IssuedAt and Expires bound it.
+	IssuedAt time.Time
+	Expires  time.Time
+}
+
+// wire is a bearer's JWT claims.
+type wire struct {
+	Iss string `json:"iss"`
+	Aud string `json:"aud"`
+	Sub string `json:"sub"`
+	Iat int64  `json:"iat"`
+	Nbf int64  `json:"nbf"`
+	Exp int64  `json:"exp"`
+	Ver int    `json:"ver"`
+	// JTI makes every bearer unique, two issued in one second for one principal too.
+	JTI   string   `json:"jti"`
+	Scope []string `json:"scope"`
+	Act   act      `json:"act"`
+}
+
+type act struct {
+	Owner string `json:"owner"`
+	Actor string `json:"actor"`
+	View  string `json:"view"`
+	Agent bool   `json:"agent,omitempty"`
+}
+
+// Issue signs a bearer for c in space with the active key, valid for ttl (1 s to MaxTTL).
+func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Duration) (string, time.Time, error) {
+	if ttl < time.Second || ttl > MaxTTL {
+		return "", time.Time{}, fmt.Errorf("a bearer lives 1s to %s, not %s", MaxTTL, ttl)
+	}
+	if err := check(c); err != nil {
+		return "", time.Time{}, err
+	}
+	s, err := k.read(ctx)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	i := slices.IndexFunc(s.Keys, func(e stored) bool { return e.KID == s.Active })
+	priv, err := privateKey(s.Keys[i])
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: priv}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", s.Active))
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	now := k.now()
+	exp := now.Add(ttl)
+	scope := c.Scope
+	if scope == nil {
+		scope = []string{}
+	}
+	token, err := jwt.Signed(signer).Claims(wire{Iss: subjects.Issuer(space), Aud: space, Sub: c.Owner, Iat: now.Unix(), Nbf: now.Unix(),
+		Exp: exp.Unix(), Ver: 1, JTI: ids.Nonce(), Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return token, time.Unix(exp.Unix(), 0), nil
+}
+
+// check refuses claims a bearer must never carry.
+func check(c Claims) error {
+	switch {
+	case !subjects.ValidUserOwner(c.Owner):
+		return errors.New("a bearer's owner is a u_ owner")
+	case !subjects.ValidActor(c.Actor):
+		return errors.New("a bearer's actor is off its grammar")
+	case c.View != ViewCaller && c.View != ViewOps:
+		return fmt.Errorf("view %q is not a view", c.View)
+	}
+	return nil
+}
+
+// ErrRefused is in the chain of every error of Validate that judges the bearer itself (not the
+// store it reads the key set from).
+var ErrRefused = errors.New("bearer refused")
+
+// refused is a judgement of the bearer: its message, and ErrRefused in its chain.
+type refused struct{ error }
+
+func (r refused) Is(target error) bool { return target == ErrRefused }
+
+// Validate checks a bearer for space, as the auth callout does: no key headers, EdDSA, a key
+// of the published set by kid, the exact issuer and audience, iat, nbf and exp present and
+// consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
+// error that judges the bearer has ErrRefused in its chain; any other is the store's.
+func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error) {
+	kid, err := idp.CheckHeader(token)
+	if err != nil {
+		return Claims{}, refused{err}
+	}
+	s, err := k.read(ctx)
+	if err != nil {
+		return Claims{}, err
+	}
+	c, err := k.judge(s, kid, space, token)
+	if err != nil {
+		return Claims{}, refused{err}
+	}
+	return c, nil
+}
+
+// judge checks a bearer against key set s.
+func (k *Keys) judge(s keySet, kid, space, token string) (Claims, error) {
+	i := slices.IndexFunc(s.Keys, func(e stored) bool { return e.KID == kid })
+	if i < 0 {
+		return Claims{}, errors.New("the bearer's kid is not a published key")
+	}
+	priv, err := privateKey(s.Keys[i])
+	if err != nil {
+		return Claims{}, err
+	}
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	if err != nil {
+		return Claims{}, errors.New("the bearer is not a compact JWS")
+	}
+	payload, err := jws.Verify(priv.Public().(ed25519.PublicKey))
+	if err != nil {
+		return Claims{}, errors.New("the bearer's signature does not verify")
+	}
+	var w wire
+	if err := body.Decode(payload, &w); err != nil {
+		return Claims{}, errors.New("the bearer's claims are not a bearer's")
+	}
+	now := k.now()
+	iat, nbf, exp := time.Unix(w.Iat, 0), time.Unix(w.Nbf, 0), time.Unix(w.Exp, 0)
+	c := Claims{Owner: w.Act.Owner, Actor: w.Act.Actor, Scope: w.Scope, View: w.Act.View, Agent: w.Act.Agent, IssuedAt: iat, Expires: exp}
+	switch {
+	case w.Iss != subjects.Issuer(space) || w.Aud != space:
+		return Claims{}, errors.New("the bearer is not this space's")
+	case w.Ver != 1:
+		return Claims{}, errors.New("the bearer is not version 1")
+	case w.Iat == 0 || w.Nbf == 0 || w.Exp == 0:
+		return Claims{}, errors.New("the bearer lacks iat, nbf or exp")
+	case iat.After(now.Add(Skew)) || nbf.After(now.Add(Skew)):
+		return Claims{}, errors.New("the bearer is not valid yet")
+	case !exp.Add(Skew).After(now):
+		return Claims{}, errors.New("the bearer has expired")
+	case exp.Sub(iat) > MaxTTL || exp.After(now.Add(MaxTTL+Skew)):
+		return Claims{}, errors.New("the bearer lives longer than a bearer may")
+	case w.Sub != w.Act.Owner:
+		return Claims{}, errors.New("the bearer's subject is not its owner")
+	}
+	if err := check(c); err != nil {
+		return Claims{}, err
+	}
+	return c, nil
+}

@@ -1,0 +1,149 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// httpDoors builds the HTTP face's doors: the bearer keys (made from the material's first key
+// if the space has none), the IdP verifier if the space trusts one, the loopback capability
+// (new at every start) and the discovery bundle.
+func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
+	cfg := p.cfg
+	keys := bearer.New(p.stores.Keys, cfg.Now)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
+	defer cancel()
+	if err := keys.Ensure(ctx, p.keys.BearerKey); err != nil {
+		return nil, fmt.Errorf("bearer keys: %w", err)
+	}
+	h := &handlers.HTTP{
+		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
+		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
+		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, Log: p.log.With("face", "http"), Now: cfg.Now,
+		Metrics: p.metrics.Handler(),
+	}
+	if cfg.IdP.URL != "" {
+		v, err := idp.New(cfg.IdPConfig(), cfg.Now)
+		if err != nil {
+			return nil, fmt.Errorf("--idp-jwks: %w", err)
+		}
+		h.IdP = v
+	}
+	return h, nil
+}
+
+// serveHTTP opens the loopback face, and the public face when --public-port is set.
+func (p *Plane) serveHTTP(h *handlers.HTTP) error {
+	url, err := p.listen("--http-port", p.cfg.HTTPPort, h.Loopback())
+	if err != nil {
+		return err
+	}
+	p.info.HTTPURL = url
+	if p.cfg.PublicPort < 0 {
+		return nil
+	}
+	// The bundle names the configured public URL, not the bound port, unless there is none.
+	bound, err := p.listenLater("--public-port", p.cfg.PublicPort)
+	if err != nil {
+		return err
+	}
+	public := p.cfg.PublicURL
+	if public == "" {
+		public = "http://" + bound.Addr().String()
+	}
+	if h.Bundle, err = p.bundle(public); err != nil {
+		return errors.Join(err, bound.Close())
+	}
+	p.info.PublicURL = public
+	p.info.PublicListen = "http://" + bound.Addr().String()
+	p.serveOn(bound, h.Public(), "public")
+	return nil
+}
+
+// listen opens a face on 127.0.0.1:port and serves handler there; it returns its base URL.
+func (p *Plane) listen(flag string, port int, handler http.Handler) (string, error) {
+	l, err := p.listenLater(flag, port)
+	if err != nil {
+		return "", err
+	}
+	p.serveOn(l, handler, flag)
+	return "http://" + l.Addr().String(), nil
+}
+
+func (p *Plane) listenLater(flag string, port int) (net.Listener, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("%s %d: %w (pick another port, or 0 for a free one)", flag, port, err)
+	}
+	return l, nil
+}
+
+// serveOn serves handler on l until Close.
+func (p *Plane) serveOn(l net.Listener, handler http.Handler, name string) {
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       handlers.PublicDeadline + time.Second,
+		WriteTimeout:      15 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	p.bg.Go(func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			p.finish(fmt.Errorf("http face %s: %w", name, err))
+		}
+	})
+	p.onClose("shut the HTTP face "+name+" down", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+			// Requests still in flight, or connections opened and never used: cut them.
+			p.log.Warn("HTTP face "+name+": connections still open after 5 s; closing them", "face", name)
+			return srv.Close()
+		} else if err != nil {
+			return err
+		}
+		return nil
+	})
+}
+
+// bundle is the discovery bundle the public face serves (DESIGN §7): where the broker is, the
+// IdP the space trusts, the doors, and the deny-all sentinel creds a client connects with.
+func (p *Plane) bundle(public string) ([]byte, error) {
+	server := p.cfg.AdvertisedServer
+	if server == "" {
+		server = p.info.NATSURL
+	}
+	sentinel, err := p.keys.SentinelCreds()
+	if err != nil {
+		return nil, err
+	}
+	base := strings.TrimSuffix(public, "/")
+	idpc := p.cfg.IdPConfig()
+	b := map[string]any{
+		"space":       p.cfg.Space,
+		"server":      server,
+		"tlsRequired": strings.HasPrefix(server, "tls://") || strings.HasPrefix(server, "wss://"),
+		"userAuth": map[string]any{
+			"provider":  "cotal",
+			"idp":       map[string]string{"url": idpc.URL, "issuer": idpc.Issuer, "audience": idpc.Audience},
+			"endpoints": map[string]string{"url": base, "managerAuthorityUrl": base + "/manager-service-authority"},
+		},
+		"sentinelCreds": string(sentinel),
+	}
+	return json.Marshal(b)
+}
