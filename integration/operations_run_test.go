@@ -74,8 +74,11 @@ type docRun struct {
 	started []*process
 	results []natsResult
 	last    natsResult
-	ctx     context.Context
-	n       int
+	// got is the latest curl's answer, out the latest authplane command's output.
+	got reply
+	out string
+	ctx context.Context
+	n   int
 }
 
 func newDocRun(t *testing.T) *docRun {
@@ -139,11 +142,11 @@ func (r *docRun) run(line string) {
 		cli, rest := newNATSCLI(t, args, r.dir)
 		r.last = cli.run(r.ctx, rest)
 		r.results = append(r.results, r.last)
-	case name == "curl" && len(args) == 2 && args[0] == "-fsS" && strings.HasSuffix(args[1], "/health"):
+	case name == "curl" && len(args) == 2 && args[0] == "-fsS":
 		checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
-			status, got := health(t, strings.TrimSuffix(args[1], "/health"))
-			if status != http.StatusOK {
-				return fmt.Errorf("%q: got %d %v, want 200", line, status, got)
+			r.got = get(t, args[1])
+			if r.got.Status != http.StatusOK {
+				return fmt.Errorf("%q: got %d %s, want 200", line, r.got.Status, r.got.Body)
 			}
 			return nil
 		})
@@ -187,6 +190,7 @@ func (r *docRun) authplane(line string, env, args []string, background bool) {
 		if code := p.wait(t, time.Minute); code != 0 {
 			t.Fatalf("%q: exit %d\n%s", line, code, p.stderr.String())
 		}
+		r.out = p.stdout.String()
 		return
 	}
 	dir := ".authplane"

@@ -26,6 +26,8 @@ func TestOperationsGuideWorksAsWritten(t *testing.T) {
 		"## Grant scopes":                                g.scopesGranted,
 		"## Revoke a run":                                g.runRevoked,
 		"## Read the audit trail":                        g.trailRead,
+		"## Read the metrics":                            g.metricsRead,
+		"## Rotate bearer keys":                          g.keysRotated,
 		"## Back up and restore":                         g.restored,
 		"## Move a plane":                                g.planesMoved,
 		"## What not to do":                              func() {},
@@ -208,6 +210,39 @@ func (g *guideChecks) planesMoved() {
 		again, next := summaryInstance(t, to[0])
 		if again != iid || next != epoch+1 {
 			t.Errorf("%s moved to %s: got instance %s epoch %d, want %s epoch %d", moved[0], moved[1], again, next, iid, epoch+1)
+		}
+	}
+}
+
+// metricsRead: the scrape counted the guide's calls and says the replica's epoch.
+func (g *guideChecks) metricsRead() {
+	body := string(g.r.got.Body)
+	for _, want := range []string{"authplane_requests_total{", "authplane_process_epoch 0", "authplane_fenced 0"} {
+		if !strings.Contains(body, want) {
+			g.r.t.Errorf("/metrics: want %q in:\n%s", want, body)
+		}
+	}
+}
+
+// keysRotated: after the rotation two keys are listed and published, and the new one signs.
+func (g *guideChecks) keysRotated() {
+	t := g.r.t
+	lines := strings.Split(strings.TrimSpace(g.r.out), "\n")
+	if len(lines) != 2 || !strings.HasSuffix(lines[1], "signs") && !strings.HasSuffix(lines[0], "signs") ||
+		!strings.Contains(g.r.out, "may retire from") {
+		t.Errorf("keys list after the rotation: got %q, want the new key signing and the old one stopped", g.r.out)
+	}
+	var set struct {
+		Keys []struct {
+			KID string `json:"kid"`
+		} `json:"keys"`
+	}
+	if err := json.Unmarshal(g.r.got.Body, &set); err != nil || len(set.Keys) != 2 {
+		t.Errorf("/jwks after the rotation: got %s (%v), want both keys published", g.r.got.Body, err)
+	}
+	for _, k := range set.Keys {
+		if !strings.Contains(g.r.out, k.KID) {
+			t.Errorf("/jwks publishes %s, which keys list does not show", k.KID)
 		}
 	}
 }
