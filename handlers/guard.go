@@ -60,11 +60,16 @@ type Guard struct {
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too. Nil: never.
 	Fenced func() bool
+	// Draining reports that the plane is stopping: a call that arrives then is answered
+	// `unavailable` before any work; calls in flight finish. Nil: never.
+	Draining func() bool
 	// Metrics counts every call and its latency; nil counts nothing.
 	Metrics *metrics.Metrics
 }
 
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
+
+func (g *Guard) draining() bool { return g.Draining != nil && g.Draining() }
 
 // Refused records a refusal made before a call could be made of a request: a door that could
 // not yet name its caller ("_._").
@@ -80,9 +85,12 @@ var ErrThrottled = errors.New("throttled")
 // errFenced answers every call once the plane is fenced.
 var errFenced = fault.New(fault.Unavailable, "this authority plane is momentarily unavailable (fenced by a newer instance); retry shortly")
 
+// errDraining answers a call that arrives while the plane stops.
+var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping and takes no new request; retry shortly")
+
 // Serve runs fn for c if c passes every check, and returns the reply or the refusal. In
 // order: c names a valid principal (bad-request otherwise); the principal is within its rate
-// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced
+// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced or stopping
 // (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
 // refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
 // answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
@@ -108,8 +116,13 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 	}()
 	ctx, cancel := context.WithDeadline(context.Background(), c.Deadline)
 	defer cancel()
-	var err error = errFenced
-	if !g.fenced() {
+	var err error
+	switch {
+	case g.fenced():
+		err = errFenced
+	case g.draining():
+		err = errDraining // no new work once the stop began; calls in flight finish
+	default:
 		work, stop := audit.Reserve(ctx)
 		reply, about, err = fn(work, c)
 		stop()

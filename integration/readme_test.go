@@ -34,26 +34,29 @@ func readmeBlock(t *testing.T, heading string) []string {
 	return strings.Split(block, "\n")
 }
 
-// shellWords expands $VAR and "$(cat FILE)" (relative to dir) the way the shell would for the
-// README's lines, and splits the line into words, honouring double quotes and dropping a
+// shellWords expands $VAR and then "$(cat FILE)" (relative to dir) the way the shell would for
+// the documents' lines, and splits the line into words, honouring double quotes and dropping a
 // trailing comment.
 func shellWords(t *testing.T, line string, vars map[string]string, dir string) []string {
 	t.Helper()
 	line = regexp.MustCompile(`(^|\s)#.*$`).ReplaceAllString(line, "")
-	line = regexp.MustCompile(`\$\(cat ([^)]+)\)`).ReplaceAllStringFunc(line, func(m string) string {
-		name := strings.TrimSuffix(strings.TrimPrefix(m, "$(cat "), ")")
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatalf("README line %q: %v", line, err)
-		}
-		return strings.ReplaceAll(strings.TrimSpace(string(data)), `"`, `\"`)
-	})
-	line = regexp.MustCompile(`\$([A-Za-z_]+)`).ReplaceAllStringFunc(line, func(m string) string {
+	line = regexp.MustCompile(`\$([A-Za-z_][A-Za-z0-9_]*)`).ReplaceAllStringFunc(line, func(m string) string {
 		v, ok := vars[m[1:]]
 		if !ok {
-			t.Fatalf("README uses $%s before setting it", m[1:])
+			t.Fatalf("line %q uses $%s before setting it", line, m[1:])
 		}
 		return v
+	})
+	line = regexp.MustCompile(`\$\(cat ([^)]+)\)`).ReplaceAllStringFunc(line, func(m string) string {
+		name := strings.TrimSuffix(strings.TrimPrefix(m, "$(cat "), ")")
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		return strings.ReplaceAll(strings.TrimSpace(string(data)), `"`, `\"`)
 	})
 	var words []string
 	var cur strings.Builder

@@ -90,7 +90,8 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load, Metrics: p.metrics}}
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+		Draining: p.draining.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
@@ -117,7 +118,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	bus := &handlers.Bus{Space: cfg.Space, Timeout: cfg.RequestTimeout, Guard: d.guard, Log: p.log}
 	fns := d.fns
 	open := func() (*serving, error) {
-		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
+		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +218,7 @@ func stopAll(svcs []micro.Service) error {
 func (p *Plane) watchFence() {
 	ctx, stop := context.WithCancel(context.Background())
 	p.bg.Go(func() {
-		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
+		if err := instance.Watch(ctx, p.stores.Auth, p.gate, p.rewatch); err != nil && ctx.Err() == nil {
 			p.fence(err)
 		}
 	})

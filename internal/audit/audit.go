@@ -94,7 +94,7 @@ type Decision struct {
 	Revoked []string `json:"revoked,omitempty"`
 	// Bearer is the bearer an `exchanged` record is about.
 	Bearer *Bearer `json:"bearer,omitempty"`
-	At      int64    `json:"at"` // milliseconds
+	At     int64   `json:"at"` // milliseconds
 }
 
 // Assignment names a platform supervisor assignment in a record: the owner it acts for, the

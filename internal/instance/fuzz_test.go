@@ -3,12 +3,14 @@ package instance
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -65,6 +67,36 @@ func FuzzIdentity(f *testing.F) {
 		}
 		if info, err := ReadServiceInfo(dir); err != nil && info != nil {
 			t.Fatalf("service info that does not parse came back as %+v with %v", info, err)
+		}
+	})
+}
+
+// FuzzClaimedIdentity checks the decoder of a claimed identity on any stored bytes: a record
+// that does not parse refuses the claim (ErrMalformed) and writes nothing; one that parses is
+// adopted as it is: version 1, this space and name, an instance id on its grammar.
+func FuzzClaimedIdentity(f *testing.F) {
+	good := `{"ver":1,"space":"default","name":"plane1","instanceId":"` + strings.Repeat("a", 26) + `"}`
+	for _, s := range []string{
+		good,
+		strings.Replace(good, `"plane1"`, `"plane2"`, 1),
+		strings.Replace(good, `"default"`, `"other"`, 1),
+		strings.Replace(good, `"ver":1`, `"ver":2`, 1),
+		strings.Replace(good, `}`, `,"seed":"SU"}`, 1),
+		``, `not json`, `null`, `{}`, `[]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		kv := storetest.New()
+		kv.Put(subjects.IdentityKey("plane1"), data)
+		id, err := Claim(t.Context(), kv, t.TempDir(), "default", "plane1")
+		switch {
+		case err != nil:
+			if !errors.Is(err, ErrMalformed) || id != (Identity{}) || kv.Revision() != 1 {
+				t.Fatalf("a record that does not parse: got %+v, %v after %d writes; want ErrMalformed and nothing written", id, err, kv.Revision())
+			}
+		case id.Ver != 1 || id.Space != "default" || !subjects.ValidUID(id.InstanceID) || kv.Revision() != 1:
+			t.Fatalf("adopted %+v from %q after %d writes", id, fault.Clip(string(data), 200), kv.Revision())
 		}
 	})
 }
