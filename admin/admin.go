@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -87,6 +88,9 @@ const (
 	RoleCaller Role = "caller"
 	// RoleOps is a caller that may also discover the service: `nats micro ls|info|stats|ping`.
 	RoleOps Role = "ops"
+	// RoleAuditor reads the minted and audit streams (`nats stream info|get|view` with
+	// subjects.AuditorAPIPrefix) and nothing else; it names no principal.
+	RoleAuditor Role = "auditor"
 )
 
 // CredsOptions say whose credential `authplane creds` writes, and what it may do.
@@ -106,32 +110,22 @@ func DefaultCreds() CredsOptions {
 	return CredsOptions{Role: RoleCaller, TTL: 24 * time.Hour, MaxSubscriptions: mint.DefaultLimits.Subs, MaxPayload: mint.DefaultLimits.Payload}
 }
 
-// Creds mints a `.creds` file (user JWT and a fresh seed) for the principal of o with the
-// permissions of its role, valid for its TTL.
+// Creds mints a `.creds` file (user JWT and a fresh seed) with the permissions of o's role,
+// valid for its TTL: for a caller or an operator, the principal of o; an auditor names none.
+// Every role is a data-account user, signed with that account's signing key.
 func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
-	role, owner, actor, ttl := o.Role, o.Owner, o.Actor, o.TTL
-	duty := map[Role]subjects.Duty{RoleCaller: subjects.DutyCaller, RoleOps: subjects.DutyOps}[role]
-	if duty == "" {
-		return nil, fmt.Errorf("--role %q: want caller or ops", role)
+	name, perms, err := credsGrant(m.Space, o)
+	if err != nil {
+		return nil, err
 	}
-	if !subjects.ValidOwner(owner) {
-		return nil, fmt.Errorf("--owner %q: want u_ or p_ followed by 26 base32-lower characters", owner)
-	}
-	if !subjects.ValidActor(actor) {
-		return nil, fmt.Errorf("--actor %q: want [A-Za-z0-9_]{1,64}", actor)
-	}
-	if ttl < time.Minute || ttl > 30*24*time.Hour {
-		return nil, fmt.Errorf("--ttl %s: want 1m to 720h", ttl)
+	if o.TTL < time.Minute || o.TTL > 30*24*time.Hour {
+		return nil, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL)
 	}
 	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
 	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
 	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
-	if err != nil {
-		return nil, err
-	}
-	_, perms, err := subjects.PermissionsOf(duty, subjects.Holder{Space: m.Space, Owner: owner, Actor: actor})
 	if err != nil {
 		return nil, err
 	}
@@ -143,8 +137,7 @@ func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	token, err := iss.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Permissions: perms, Expires: now.Add(ttl),
-		Limits: limits})
+	token, err := iss.Sign(mint.User{Name: name, Key: pub, Permissions: perms, Expires: now.Add(o.TTL), Limits: limits})
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +146,28 @@ func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
 		return nil, err
 	}
 	return jwt.FormatUserConfig(token, seed)
+}
+
+// credsGrant is the JWT name and the permissions of o's role (DESIGN §6.8).
+func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, error) {
+	if o.Role == RoleAuditor {
+		if o.Owner != "" || o.Actor != "" {
+			return "", subjects.Permissions{}, fmt.Errorf("--role auditor names no principal: drop --owner and --actor")
+		}
+		return "auditor", subjects.AuditorPermissions(space), nil
+	}
+	duty := map[Role]subjects.Duty{RoleCaller: subjects.DutyCaller, RoleOps: subjects.DutyOps}[o.Role]
+	if duty == "" {
+		return "", subjects.Permissions{}, fmt.Errorf("--role %q: want caller, ops or auditor", o.Role)
+	}
+	if !subjects.ValidOwner(o.Owner) {
+		return "", subjects.Permissions{}, fmt.Errorf("--owner %q: want u_ or p_ followed by 26 base32-lower characters", o.Owner)
+	}
+	if !subjects.ValidActor(o.Actor) {
+		return "", subjects.Permissions{}, fmt.Errorf("--actor %q: want [A-Za-z0-9_]{1,64}", o.Actor)
+	}
+	_, perms, err := subjects.PermissionsOf(duty, subjects.Holder{Space: space, Owner: o.Owner, Actor: o.Actor})
+	return subjects.Principal(o.Owner, o.Actor), perms, err
 }
 
 // WriteCreds writes Creds to path (0600, atomically).
@@ -176,16 +191,17 @@ func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, sco
 	return ledger.SetScope(ctx, kv, owner, actor, scope, time.Now())
 }
 
-// openBucket opens one of the plane's buckets as a short-lived plane-account user; done closes
-// the connection.
-func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string) (*store.KV, func(), error) {
+// openBucket opens one of the plane's buckets on natsURL as a short-lived plane-account user
+// named for role; done closes the connection. A bucket that does not exist yet means no plane
+// has run against this broker.
+func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string) (kv *store.KV, done func(), err error) {
 	nc, err := ConnectPlaneAccount(m, natsURL, role)
 	if err != nil {
 		return nil, nil, err
 	}
-	kv, err := store.OpenBucket(ctx, nc, bucket)
+	kv, err = store.OpenBucket(ctx, nc, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, natsURL)
+		err = fmt.Errorf("bucket %s does not exist on %s: start the plane against this broker once first", bucket, broker.RedactURL(natsURL))
 	}
 	if err != nil {
 		nc.Close()
@@ -207,7 +223,7 @@ func ConnectPlaneAccount(m *space.Keys, natsURL, role string) (*nats.Conn, error
 	}
 	nc, err := nats.Connect(natsURL, auth, nats.Name("authplane "+role))
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", natsURL, err)
+		return nil, fmt.Errorf("connect to %s: %w", broker.RedactURL(natsURL), err)
 	}
 	return nc, nil
 }
@@ -282,4 +298,21 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 		return nil, err
 	}
 	return body, files.WriteAtomic(filepath.Join(dir, "prepare.json"), append(body, '\n'), 0o644)
+}
+
+// MigrateIdentity moves the file identity in the state directory dir into the space's secrets
+// bucket under name (`authplane identity migrate`), then removes the file; a plane started with
+// `--identity-store kv --instance-name <name>` is then the same instance. It connects to natsURL
+// as a short-lived plane-account user; the plane must have created its buckets (it has run
+// once).
+func MigrateIdentity(ctx context.Context, m *space.Keys, natsURL, dir, name string) (instance.Identity, error) {
+	if !subjects.ValidInstanceName(name) {
+		return instance.Identity{}, fmt.Errorf("--instance-name %q: want [A-Za-z0-9_-]{1,64}", name)
+	}
+	kv, done, err := openBucket(ctx, m, natsURL, "identity", subjects.SecretsBucket(m.Space))
+	if err != nil {
+		return instance.Identity{}, err
+	}
+	defer done()
+	return instance.Migrate(ctx, kv, dir, m.Space, name)
 }

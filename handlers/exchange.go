@@ -49,6 +49,10 @@ type ExchangeReply struct {
 // existence oracle.
 var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown agent or wrong secret - if this agent should exist, respawn it to rotate its grant")
 
+// errTTL refuses a ttlSec off its range; as in the original, that is the exchange's refusal
+// (401), not the body's.
+var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
+
 // exchange serves `POST /exchange` (DESIGN §7), one of two arms per request:
 //   - human `{idpToken, actor, ttlSec?, view?}`: the IdP token verified, its subject's owner
 //     derived, the principal's ledger row read now; a bearer of at most 900 s and no longer
@@ -86,6 +90,9 @@ func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fa
 	return f.serve(EndpointExchange, owner, *b.Actor, data, func(ctx context.Context, c Call) (any, audit.Request, error) {
 		ttl := bearer.MaxTTL
 		if b.TTLSec != nil {
+			if *b.TTLSec < 1 || *b.TTLSec > int64(bearer.MaxTTL/time.Second) {
+				return nil, c.About(), errTTL
+			}
 			ttl = time.Duration(*b.TTLSec) * time.Second
 		}
 		if left := sub.Exp.Sub(f.h.Now()); left < ttl {
@@ -108,14 +115,16 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 	if !subjects.ValidUserOwner(owner) || !subjects.ValidActor(actor) {
 		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
 	}
+	// Until the secret matches, the principal is only named, not shown: its refusals are
+	// recorded as "_._", so nobody can spend another owner's record budget.
 	row, found, err := ledger.Read(ctx, f.h.Ledger, owner, actor)
 	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
-		return nil, f.refuse(ctx, EndpointExchange, owner, actor, fault.Store(err, "reading the ledger"))
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.Store(err, "reading the ledger"))
 	}
 	sum := sha256.Sum256([]byte(*b.ActorToken))
 	want := []byte(row.TokenHash)
 	if !found || row.TokenHash == "" || subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), want) != 1 {
-		return nil, f.refuse(ctx, EndpointExchange, owner, actor, errAgent)
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", errAgent)
 	}
 	data, err := json.Marshal(map[string]string{"owner": owner, "actor": actor})
 	if err != nil {
@@ -124,6 +133,9 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 	return f.serve(EndpointExchange, owner, actor, data, func(ctx context.Context, c Call) (any, audit.Request, error) {
 		ttl := AgentBearerTTL
 		if b.TTLSec != nil {
+			if *b.TTLSec < 1 {
+				return nil, c.About(), errTTL
+			}
 			ttl = min(ttl, time.Duration(*b.TTLSec)*time.Second)
 		}
 		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, true)
@@ -142,16 +154,14 @@ func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Du
 		return nil, fault.New(fault.Unauthenticated, "%s has no ledger row: an operator grants it first", c.Principal())
 	case view == bearer.ViewOps && !row.Has(ledger.Admin):
 		return nil, fault.New(fault.PermissionDenied, "view ops needs scope %q", ledger.Admin)
-	case ttl <= 0:
+	case ttl < time.Second:
 		return nil, fault.New(fault.Unauthenticated, "the IdP token has no life left to lend a bearer")
-	case ttl > bearer.MaxTTL:
-		return nil, fault.New(fault.Unauthenticated, "ttlSec is over %d", int(bearer.MaxTTL.Seconds()))
 	}
 	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent}, ttl)
 	if err != nil {
 		return nil, fault.Store(err, "issuing the bearer")
 	}
-	f.h.Log.Info("bearer issued", "caller", c.Principal(), "view", view, "agent", agent, "exp", exp.Unix())
+	f.h.Records.Exchanged(ctx, c.About(), audit.Bearer{View: view, Agent: agent, Exp: exp.Unix()})
 	return ExchangeReply{Token: token, Owner: c.Owner, Exp: exp.Unix()}, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -59,13 +60,21 @@ type Guard struct {
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too. Nil: never.
 	Fenced func() bool
+	// Draining reports that the plane is stopping: a call that arrives then is answered
+	// `unavailable` before any work; calls in flight finish. Nil: never.
+	Draining func() bool
+	// Metrics counts every call and its latency; nil counts nothing.
+	Metrics *metrics.Metrics
 }
 
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
 
+func (g *Guard) draining() bool { return g.Draining != nil && g.Draining() }
+
 // Refused records a refusal made before a call could be made of a request: a door that could
 // not yet name its caller ("_._").
 func (g *Guard) Refused(ctx context.Context, about audit.Request, refusal *fault.Error) {
+	g.Metrics.Refused(about.Endpoint, about.Kind, string(refusal.Code))
 	g.Audit.Refused(ctx, about, refusal)
 }
 
@@ -76,27 +85,44 @@ var ErrThrottled = errors.New("throttled")
 // errFenced answers every call once the plane is fenced.
 var errFenced = fault.New(fault.Unavailable, "this authority plane is momentarily unavailable (fenced by a newer instance); retry shortly")
 
+// errDraining answers a call that arrives while the plane stops.
+var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping and takes no new request; retry shortly")
+
 // Serve runs fn for c if c passes every check, and returns the reply or the refusal. In
 // order: c names a valid principal (bad-request otherwise); the principal is within its rate
-// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced
+// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced or stopping
 // (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
 // refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
 // answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
 // keeps its own code in its record, and a mint that committed just then was withheld and
 // recorded `discarded` by the pipeline.
-func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
+func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
+		g.Metrics.Refused(c.Endpoint, "", string(fault.BadRequest))
 		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
 	}
 	if !g.Limiter.Allow(c.Principal()) {
+		g.Metrics.Refused(c.Endpoint, "", string(fault.ResourceExhausted))
 		return nil, fault.Wrap(fault.ResourceExhausted, ErrThrottled, "too many requests from %s; slow down", c.Principal())
 	}
+	start := time.Now()
+	about := c.About()
+	defer func() {
+		code := metrics.CodeOK
+		if refusal != nil {
+			code = string(refusal.Code)
+		}
+		g.Metrics.Served(c.Endpoint, about.Kind, code, time.Since(start))
+	}()
 	ctx, cancel := context.WithDeadline(context.Background(), c.Deadline)
 	defer cancel()
-	about := c.About()
-	var reply any
-	var err error = errFenced
-	if !g.fenced() {
+	var err error
+	switch {
+	case g.fenced():
+		err = errFenced
+	case g.draining():
+		err = errDraining // no new work once the stop began; calls in flight finish
+	default:
 		work, stop := audit.Reserve(ctx)
 		reply, about, err = fn(work, c)
 		stop()
@@ -107,7 +133,7 @@ func (g *Guard) Serve(c Call, fn Func) (any, *fault.Error) {
 	if err == nil {
 		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
-	refusal := fault.As(err)
+	refusal = fault.As(err)
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
 		g.Audit.Refused(ctx, about, refusal)
 	}

@@ -27,15 +27,16 @@ const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 // guardEnv is a guard recording into an in-memory audit stream.
 type guardEnv struct {
-	g       *Guard
-	records *storetest.Stream
-	fenced  atomic.Bool
+	g        *Guard
+	records  *storetest.Stream
+	fenced   atomic.Bool
+	draining atomic.Bool
 }
 
 func newGuardEnv(rate float64, burst int) *guardEnv {
 	e := &guardEnv{records: storetest.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load}
+	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
 	return e
 }
 
@@ -175,6 +176,40 @@ func TestTheHandlersWorkEndsBeforeTheCallsDeadline(t *testing.T) {
 	})
 	if left <= 0 {
 		t.Fatalf("the handler's deadline is %s before the call's, want time kept back for the records", left)
+	}
+}
+
+// A stopping plane takes no new call (unavailable, recorded, the handler never called), and a
+// call already in the handler when the stop begins gets its own answer.
+func TestADrainingPlaneRefusesNewCallsAndFinishesTheOneInFlight(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	inside, release := make(chan struct{}), make(chan struct{})
+	var n atomic.Int32
+	done := make(chan *fault.Error, 1)
+	go func() {
+		_, refusal := e.g.Serve(call("cli", "{}"), func(ctx context.Context, c Call) (any, audit.Request, error) {
+			n.Add(1)
+			close(inside)
+			<-release
+			return "minted", c.About(), nil
+		})
+		done <- refusal
+	}()
+	<-inside
+	e.draining.Store(true)
+	if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "x", nil)); refusal == nil || refusal.Code != fault.Unavailable ||
+		!strings.Contains(refusal.Message, "stopping") {
+		t.Errorf("a call after the stop began: got %v, want unavailable saying the plane is stopping", refusal)
+	}
+	close(release)
+	if refusal := <-done; refusal != nil {
+		t.Errorf("the call in flight: got %v, want its answer", refusal)
+	}
+	if n.Load() != 1 {
+		t.Errorf("the handler ran %d times, want once (the call in flight only)", n.Load())
+	}
+	if got := e.refused(t); len(got) != 1 || got[0].Code != string(fault.Unavailable) {
+		t.Errorf("records: got %+v, want the one unavailable refusal", got)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
@@ -48,6 +49,8 @@ type HTTP struct {
 	// Health says whether the plane can serve, and if not, why.
 	Health func(ctx context.Context) (ok bool, reason string)
 	Keys   *bearer.Keys
+	// Records records every bearer issued.
+	Records Exchanges
 	// IdP verifies the identity provider's tokens; nil when the space trusts none.
 	IdP         *idp.Verifier
 	OwnerSecret []byte
@@ -58,6 +61,8 @@ type HTTP struct {
 	Cap string
 	// Bundle is the discovery bundle the public face serves.
 	Bundle []byte
+	// Metrics serves the Prometheus metrics on the loopback face; nil serves none.
+	Metrics http.Handler
 	// TrustedProxy says the public face sits behind a proxy whose X-Forwarded-For's last hop
 	// names the peer.
 	TrustedProxy bool
@@ -65,6 +70,11 @@ type HTTP struct {
 	PProf bool
 	Log   *slog.Logger
 	Now   func() time.Time
+}
+
+// Exchanges records the bearers /exchange issues (audit.Writer).
+type Exchanges interface {
+	Exchanged(ctx context.Context, req audit.Request, b audit.Bearer)
 }
 
 // face is one listener's state: its routes and budgets.
@@ -91,6 +101,10 @@ func (h *HTTP) Loopback() http.Handler {
 		"/manager-service-authority": f.door(f.managerAuthority),
 	}
 	f.known = "/health, /jwks, /exchange, /manager-service-authority"
+	if h.Metrics != nil {
+		f.routes["/metrics"] = f.metrics
+		f.known += ", /metrics"
+	}
 	if h.PProf {
 		f.addPProf()
 	}
@@ -138,6 +152,7 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.public {
 		if f.inFlight.Add(1) > PublicMaxInFlight {
 			f.inFlight.Add(-1)
+			closeUnread(w)
 			writeError(w, fault.New(fault.Unavailable, "busy - retry shortly"))
 			return
 		}
@@ -155,6 +170,7 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	route, ok := f.routes[path]
 	if !ok || (r.URL.RawQuery != "" || r.URL.ForceQuery) && !f.queried[path] {
+		closeUnread(w)
 		writeError(w, fault.New(fault.NotFound, "unknown path - %s", f.known))
 		return
 	}
@@ -197,6 +213,13 @@ func (f *face) jwks(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+func (f *face) metrics(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	f.h.Metrics.ServeHTTP(w, r)
+}
+
 func (f *face) bundle(w http.ResponseWriter, r *http.Request) {
 	if !getOnly(w, r) {
 		return
@@ -233,17 +256,21 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method != http.MethodPost:
+			closeUnread(w)
 			writeError(w, fault.New(fault.MethodNotAllowed, "POST only"))
 			return
-		case r.Header.Get("Origin") != "":
+		case r.Header.Values("Origin") != nil:
+			closeUnread(w)
 			writeError(w, fault.New(fault.PermissionDenied, "browser-origin requests are not served here"))
 			return
 		case !contentJSON.MatchString(r.Header.Get("Content-Type")):
+			closeUnread(w)
 			writeError(w, fault.New(fault.UnsupportedMediaType, "content-type must be application/json"))
 			return
 		}
 		now := f.h.Now()
 		if !f.public && !f.capOK(r) {
+			closeUnread(w)
 			f.badCaps.record("loopback", now)
 			if f.badCaps.count("loopback", now) > RefusalsPerMinute {
 				writeError(w, fault.New(fault.ResourceExhausted, "too many invalid-capability attempts - wait a minute and retry"))
@@ -256,6 +283,7 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 		throttled := f.refusals.count(peer, now) >= RefusalsPerMinute
 		data, ferr := readBody(r)
 		if ferr != nil {
+			closeUnread(w)
 			writeError(w, ferr)
 			return
 		}
@@ -271,6 +299,11 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 		writeError(w, refusal)
 	}
 }
+
+// closeUnread marks an answer given before the request's body was read: the connection closes
+// after it, where the server would otherwise read the rest of the body, as slowly as the client
+// sends it, before answering.
+func closeUnread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
 
 // capOK checks the loopback capability in constant time.
 func (f *face) capOK(r *http.Request) bool {

@@ -241,4 +241,68 @@ func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 	if rec.Endpoint != handlers.EndpointCallout || rec.Code != "conflict" {
 		t.Errorf("the discarded record: got %+v, want auth-callout, conflict", rec)
 	}
+	if v := sample(scrape(t, p.HTTPURL()), "authplane_mints_discarded_total", map[string]string{"endpoint": handlers.EndpointCallout, "code": "conflict"}); v != 1 {
+		t.Errorf("/metrics discarded callout mints: got %v, want 1", v)
+	}
+}
+
+// Two replicas of one space share the bearer keys through the store: a bearer one issues
+// connects whichever replica's callout answers, a rotation made through either is what both
+// publish and sign with, and the old bearer still connects until its key is retired.
+func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	ip := idptest.New(t)
+	a := startFacesPlane(t, ip, againstStandalone(s))
+	b := startFacesPlane(t, ip, againstStandalone(s))
+	owner := humanOwner(t, a, ip, "dana")
+	grant(t, a, owner, "cli")
+	bun := fetchBundle(t, b.PublicURL())
+	token := func(p *testPlane) string {
+		return exchange(t, p.PublicURL(), map[string]any{"idpToken": ip.Token(t, ip.Claims("dana", time.Hour)), "actor": "cli"}).Token
+	}
+	old := token(a)
+	// The broker asks one callout replica per connection, at random: of twenty, each replica
+	// answers some (all twenty to one has odds of one in half a million).
+	for i := range 20 {
+		nc, err := bearerConnect(t, bun, old, owner, "cli")
+		if err != nil {
+			t.Fatalf("connection %d with replica A's bearer: %v", i, err)
+		}
+		nc.Close()
+	}
+	served := map[string]string{"endpoint": handlers.EndpointCallout, "kind": "caller", "code": "ok"}
+	na, nb := sample(scrape(t, a.HTTPURL()), "authplane_requests_total", served), sample(scrape(t, b.HTTPURL()), "authplane_requests_total", served)
+	if na+nb != 20 || na == 0 || nb == 0 {
+		t.Errorf("connections each replica's callout served: got %v and %v, want 20 between both, some each", na, nb)
+	}
+
+	keys, done, err := admin.BearerKeys(grantCtx(t), a.Keys(), s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	kid, err := keys.Rotate(grantCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*testPlane{a, b} {
+		if jwks := get(t, p.PublicURL()+"/jwks"); !strings.Contains(string(jwks.Body), kid) {
+			t.Errorf("a replica's /jwks after the rotation: %s, want kid %s", jwks.Body, kid)
+		}
+		fresh := token(p)
+		if h, _ := jwtParts(t, fresh); h["kid"] != kid {
+			t.Errorf("a replica's bearer after the rotation: kid %v, want %s", h["kid"], kid)
+		}
+		nc, err := bearerConnect(t, bun, fresh, owner, "cli")
+		if err != nil {
+			t.Fatalf("a bearer of the new key: %v", err)
+		}
+		nc.Close()
+	}
+	nc, err := bearerConnect(t, bun, old, owner, "cli")
+	if err != nil {
+		t.Fatalf("a bearer of the old key, not yet retired: %v", err)
+	}
+	nc.Close()
 }

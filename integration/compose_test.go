@@ -239,9 +239,9 @@ func TestComposeFile(t *testing.T) {
 	}
 
 	// The plane replicas: every flag is one `serve` knows; the cluster, R3, the shared space
-	// read-only, and each its own state.
+	// read-only, each its own claimed identity, and no state volume.
 	serveSpec := composeFlagSpec(t, bin, "serve")
-	stateVolumes := map[string]bool{}
+	instanceNames := map[string]bool{}
 	for _, name := range planeNames {
 		s := cf.Services[name]
 		f := composeFlags(t, name, s.Command[1:], serveSpec)
@@ -267,11 +267,16 @@ func TestComposeFile(t *testing.T) {
 		if m, ok := s.mountOf(t, name, spaceDir); !ok || m.Volume != spaceMount.Volume || !m.ReadOnly {
 			t.Errorf("%s: want volume %s mounted read-only holding %s", name, spaceMount.Volume, spaceDir)
 		}
-		state, ok := s.mountOf(t, name, f["dir"])
-		if f["dir"] == "" || !ok || state.ReadOnly || state.Volume == spaceMount.Volume || stateVolumes[state.Volume] {
-			t.Errorf("%s: want --dir in a writable volume of its own; got --dir %q", name, f["dir"])
+		if f["identity-store"] != "kv" || f["instance-name"] == "" || instanceNames[f["instance-name"]] {
+			t.Errorf("%s: want --identity-store kv and an --instance-name no other replica uses; got %q %q", name, f["identity-store"], f["instance-name"])
 		}
-		stateVolumes[state.Volume] = true
+		instanceNames[f["instance-name"]] = true
+		if m, ok := s.mountOf(t, name, f["dir"]); ok {
+			t.Errorf("%s: mounts volume %s at its --dir %s; a replica with a claimed identity needs no state volume", name, m.Volume, f["dir"])
+		}
+		if f["dir"] == "" || !regexp.MustCompile(`(?m)^ && chown authplane:authplane .*`+regexp.QuoteMeta(" "+f["dir"])+`( |$)`).Match(dockerfile) {
+			t.Errorf("%s: --dir %q: want a directory the image creates for its user (Dockerfile: chown authplane:authplane … %s)", name, f["dir"], f["dir"])
+		}
 		if s.DependsOn[initName].Condition != "service_completed_successfully" {
 			t.Errorf("%s: want depends_on %s: service_completed_successfully", name, initName)
 		}

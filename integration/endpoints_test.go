@@ -15,18 +15,6 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// unimplementedEndpoints lists the endpoints whose capability has not landed yet, with a
-// request each: they answer `unimplemented` (501). Remove an endpoint's row when it lands
-// (manager-authority has).
-var unimplementedEndpoints = []struct {
-	endpoint string
-	body     string
-}{
-	{subjects.EndpointSupervisorAssign, `{}`},
-	{subjects.EndpointSupervisorAuthority, `{}`},
-	{subjects.EndpointSupervisorEnd, `{}`},
-}
-
 // wireError is a refusal body, decoded strictly.
 type wireError struct {
 	Error struct {
@@ -62,50 +50,6 @@ func refusal(t *testing.T, msg *nats.Msg, code string, numeric string) string {
 		t.Errorf("Nats-Service-Error: got %q, want %q (code and the body's message)", got, code+": "+w.Error.Message)
 	}
 	return w.Error.Message
-}
-
-func TestEndpointsNotLandedAnswerUnimplementedAndAuditTheRefusal(t *testing.T) {
-	t.Parallel()
-	p := startPlane(t, nil)
-	for _, tt := range unimplementedEndpoints {
-		t.Run(tt.endpoint, func(t *testing.T) {
-			t.Parallel()
-			actor := "cli_" + strings.ReplaceAll(tt.endpoint, "-", "_")
-			nc := callerConn(t, p, ownerA, actor)
-			msg, err := nc.Request(subjects.EndpointSubject(testSpace, tt.endpoint, ownerA, actor), []byte(tt.body), 5*time.Second)
-			if err != nil {
-				t.Fatalf("request %s: %v", tt.endpoint, err)
-			}
-			refusal(t, msg, "unimplemented", "501")
-
-			subject := subjects.AuditSubject(testSpace, "refused", ownerA, actor)
-			m, err := lastMsg(t, p, subjects.AuditStream(testSpace), subject)
-			if err != nil {
-				t.Fatalf("audit record on %s: %v", subject, err)
-			}
-			raw := m.Data
-			var rec decisionRecord
-			if err := json.Unmarshal(raw, &rec); err != nil {
-				t.Fatalf("audit record %q: %v", raw, err)
-			}
-			want := decisionRecord{V: 1, Decision: "refused", Code: "unimplemented",
-				Endpoint: tt.endpoint, Caller: subjects.Principal(ownerA, actor)}
-			got := rec
-			got.Message, got.At = "", 0
-			if !jsonEqual(got, want) {
-				t.Errorf("audit record: got %s, want %+v with a message and a time", raw, want)
-			}
-			if rec.Message == "" || rec.At == 0 {
-				t.Errorf("audit record %s: want a message and a time", raw)
-			}
-		})
-	}
-}
-
-func jsonEqual(a, b any) bool {
-	x, errX := json.Marshal(a)
-	y, errY := json.Marshal(b)
-	return errX == nil && errY == nil && bytes.Equal(x, y)
 }
 
 func TestRateLimitRefusesAFloodingPrincipalWhileOthersAreServed(t *testing.T) {

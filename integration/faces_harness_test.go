@@ -3,12 +3,15 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -220,4 +223,111 @@ func grantCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// fakeClock is a plane's clock (service.Config.Now) that a test moves forward instead of
+// sleeping: time.Now plus an offset.
+type fakeClock struct{ off atomic.Int64 }
+
+func (c *fakeClock) now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+// advance moves the clock d forward.
+func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// facesPlane is a plane with both faces, trusting its own test IdP, on a clock the test moves;
+// cap is the loopback capability as a header.
+type facesPlane struct {
+	*testPlane
+	ip    *idptest.IdP
+	clock *fakeClock
+	cap   []string
+}
+
+// startFaces starts a faces plane with a fresh IdP and clock, changed by mutate (may be nil).
+func startFaces(t testing.TB, mutate func(*service.Config)) *facesPlane {
+	t.Helper()
+	ip := idptest.New(t)
+	clock := &fakeClock{}
+	var dir string
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.Now = clock.now
+		if mutate != nil {
+			mutate(c)
+		}
+		dir = c.Dir
+	})
+	return &facesPlane{testPlane: p, ip: ip, clock: clock, cap: capHeader(t, dir)}
+}
+
+// token is a valid IdP token for sub that lives ttl.
+func (f *facesPlane) token(t testing.TB, sub string, ttl time.Duration) string {
+	t.Helper()
+	return f.ip.Token(t, f.ip.Claims(sub, ttl))
+}
+
+// face is one of a plane's two faces as a client reaches it: its base URL and the headers a
+// door there needs (the capability on loopback, none in public).
+type face struct {
+	name string
+	url  string
+	auth []string
+}
+
+// faces are the plane's loopback and public faces.
+func (f *facesPlane) faces() []face {
+	return []face{{"loopback", f.HTTPURL(), f.cap}, {"public", f.PublicURL(), nil}}
+}
+
+// with is the face's door headers followed by more.
+func (fc face) with(more ...string) []string { return append(slices.Clone(fc.auth), more...) }
+
+// send sends a request as given: method, body (nil for none) and headers, nothing added.
+func send(t testing.TB, method, url string, body []byte, headers ...string) reply {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	return do(t, req)
+}
+
+// refused fails the test unless r is a refusal with status and code whose body is exactly
+// {error, code}: no bearer, no credential, nothing else.
+func refused(t testing.TB, what string, r reply, status int, code string) {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.Body, &m); err != nil {
+		t.Errorf("%s: got %d %q, want a JSON refusal %d %s", what, r.Status, r.Body, status, code)
+		return
+	}
+	_, hasError := m["error"]
+	if r.Status != status || m["code"] != code || !hasError || len(m) != 2 {
+		t.Errorf("%s: got %d %s, want %d {error, code: %s} and nothing else", what, r.Status, r.Body, status, code)
+	}
+}
+
+// jwtParts decodes a compact JWT's header and claims, unverified.
+func jwtParts(t testing.TB, token string) (header, claims map[string]any) {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		t.Fatalf("%q is not a compact JWT", token)
+	}
+	for i, v := range []*map[string]any{&header, &claims} {
+		raw, err := base64.RawURLEncoding.DecodeString(parts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return header, claims
 }

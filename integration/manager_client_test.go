@@ -167,11 +167,16 @@ func registered(t testing.TB, nc *nats.Conn, owner, actor string, m *managerKeys
 // askAsync is ask for any goroutine: a failure to get an answer comes back as the outcome's
 // code "transport" instead of failing the test from the wrong goroutine.
 func askAsync(nc *nats.Conn, owner, actor, endpoint string, body any) outcome {
+	return askWithin(15*time.Second, nc, owner, actor, endpoint, body)
+}
+
+// askWithin is askAsync giving up after timeout.
+func askWithin(timeout time.Duration, nc *nats.Conn, owner, actor, endpoint string, body any) outcome {
 	c, err := principalClient(nc, owner, actor)
 	if err != nil {
 		return outcome{code: "transport", message: err.Error()}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	msg, err := c.Request(ctx, endpoint, body)
 	if err != nil {

@@ -68,7 +68,7 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	// Both users renewed, and the first ones' expiry is behind us.
 	checkFor(t, ttl+10*time.Second, 200*time.Millisecond, func() error {
 		out := logs.String()
-		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected to NATS" conn=store`} {
+		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected with a renewed user" conn=store`} {
 			if !strings.Contains(out, renewed) {
 				return fmt.Errorf("not yet in the log: %s", renewed)
 			}
@@ -93,6 +93,12 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	}
 	if out := logs.String(); strings.Contains(strings.ToLower(out), "expired") {
 		t.Fatalf("the broker cut off an expired plane user:\n%s", out)
+	}
+	families := scrape(t, p.HTTPURL())
+	for _, conn := range []string{"serving", "store"} {
+		if n := sample(families, "authplane_nats_reconnects_total", map[string]string{"conn": conn}); n != 0 {
+			t.Errorf("/metrics reconnects of the %s connection: got %v, want 0 (a renewal is not a lost connection)", conn, n)
+		}
 	}
 	o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, account, 0))
 	if o.code != "" {

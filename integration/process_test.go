@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -34,7 +35,8 @@ func removeBinary() {
 	}
 }
 
-// authplaneBinary builds ./cmd/authplane once and returns its path.
+// authplaneBinary builds ./cmd/authplane once, the way the Dockerfile builds it (its
+// environment and flags), and returns its path: the binary the tests run is the image's.
 func authplaneBinary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -48,20 +50,50 @@ func authplaneBinary(t testing.TB) string {
 			binErr = errors.New("go env GOMOD: not inside the module")
 			return
 		}
+		root := filepath.Dir(gomod)
+		env, args, err := dockerfileBuild(filepath.Join(root, "Dockerfile"))
+		if err != nil {
+			binErr = err
+			return
+		}
 		if binDir, binErr = os.MkdirTemp("", "authplane-bin-"); binErr != nil {
 			return
 		}
 		binPath = filepath.Join(binDir, "authplane")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/authplane")
-		cmd.Dir = filepath.Dir(gomod)
+		for i := range args {
+			if i > 0 && args[i-1] == "-o" {
+				args[i] = binPath
+			}
+		}
+		cmd := exec.Command("go", args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/authplane: %w\n%s", err, out)
+			binErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
 	}
 	return binPath
+}
+
+// dockerfileBuild reads the Dockerfile's `RUN [VAR=value …] go build … -o PATH ./cmd/authplane`
+// and returns its environment and the go command's arguments.
+func dockerfileBuild(path string) (env, args []string, err error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := regexp.MustCompile(`(?m)^RUN ((?:[A-Z_]+=\S+ )*)go (build .*-o \S+ \./cmd/authplane)$`).FindSubmatch(raw)
+	if m == nil {
+		return nil, nil, fmt.Errorf("%s: no `RUN [VAR=value …] go build … -o PATH ./cmd/authplane` line", path)
+	}
+	env = strings.Fields(string(m[1]))
+	for _, a := range regexp.MustCompile(`(?:[^\s"]+|"[^"]*")+`).FindAllString(string(m[2]), -1) {
+		args = append(args, strings.ReplaceAll(a, `"`, ""))
+	}
+	return env, args, nil
 }
 
 // syncBuffer is a bytes.Buffer a running process writes while the test reads.
@@ -100,9 +132,18 @@ func startAuthplane(t testing.TB, args ...string) *process {
 // startAuthplaneIn is startAuthplane with working directory dir ("" = the test's).
 func startAuthplaneIn(t testing.TB, dir string, args ...string) *process {
 	t.Helper()
+	return startAuthplaneEnv(t, dir, nil, args...)
+}
+
+// startAuthplaneEnv is startAuthplaneIn with env (KEY=value) added to the test's environment.
+func startAuthplaneEnv(t testing.TB, dir string, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{done: make(chan struct{})}
 	p.cmd = exec.Command(authplaneBinary(t), args...)
 	p.cmd.Dir = dir
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.stdout
 	p.cmd.Stderr = io.MultiWriter(&p.stderr, logSink())
 	if err := p.cmd.Start(); err != nil {

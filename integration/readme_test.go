@@ -34,26 +34,29 @@ func readmeBlock(t *testing.T, heading string) []string {
 	return strings.Split(block, "\n")
 }
 
-// shellWords expands $VAR and "$(cat FILE)" (relative to dir) the way the shell would for the
-// README's lines, and splits the line into words, honouring double quotes and dropping a
+// shellWords expands $VAR and then "$(cat FILE)" (relative to dir) the way the shell would for
+// the documents' lines, and splits the line into words, honouring double quotes and dropping a
 // trailing comment.
 func shellWords(t *testing.T, line string, vars map[string]string, dir string) []string {
 	t.Helper()
 	line = regexp.MustCompile(`(^|\s)#.*$`).ReplaceAllString(line, "")
-	line = regexp.MustCompile(`\$\(cat ([^)]+)\)`).ReplaceAllStringFunc(line, func(m string) string {
-		name := strings.TrimSuffix(strings.TrimPrefix(m, "$(cat "), ")")
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatalf("README line %q: %v", line, err)
-		}
-		return strings.ReplaceAll(strings.TrimSpace(string(data)), `"`, `\"`)
-	})
-	line = regexp.MustCompile(`\$([A-Za-z_]+)`).ReplaceAllStringFunc(line, func(m string) string {
+	line = regexp.MustCompile(`\$([A-Za-z_][A-Za-z0-9_]*)`).ReplaceAllStringFunc(line, func(m string) string {
 		v, ok := vars[m[1:]]
 		if !ok {
-			t.Fatalf("README uses $%s before setting it", m[1:])
+			t.Fatalf("line %q uses $%s before setting it", line, m[1:])
 		}
 		return v
+	})
+	line = regexp.MustCompile(`\$\(cat ([^)]+)\)`).ReplaceAllStringFunc(line, func(m string) string {
+		name := strings.TrimSuffix(strings.TrimPrefix(m, "$(cat "), ")")
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		return strings.ReplaceAll(strings.TrimSpace(string(data)), `"`, `\"`)
 	})
 	var words []string
 	var cur strings.Builder
@@ -83,6 +86,38 @@ func shellWords(t *testing.T, line string, vars map[string]string, dir string) [
 	return words
 }
 
+// isGoRun reports whether a README line's words run the plane's binary (`go run
+// ./cmd/authplane …`).
+func isGoRun(words []string) bool {
+	return len(words) > 2 && words[0] == "go" && words[1] == "run" && words[2] == "./cmd/authplane"
+}
+
+// readmeGoRun runs a `go run ./cmd/authplane …` line of the README through the built binary,
+// in dir, and fails the test unless it exits 0.
+func readmeGoRun(t *testing.T, dir, line string, words []string) {
+	t.Helper()
+	p := startAuthplaneIn(t, dir, words[3:]...)
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("README line %q: exit %d\n%s", line, code, p.stderr.String())
+	}
+}
+
+// readmeAlias returns the flags of a README alias `name="nats --server … --creds …
+// --inbox-prefix …"`, and fails the test unless it is the nats CLI on the default port with a
+// credential.
+func readmeAlias(t *testing.T, line, def, name string) map[string]string {
+	t.Helper()
+	cli := strings.Fields(strings.TrimPrefix(def, name+"="))
+	flags := map[string]string{}
+	for i := 1; i+1 < len(cli); i += 2 {
+		flags[cli[i]] = cli[i+1]
+	}
+	if len(cli) == 0 || cli[0] != "nats" || flags["--server"] != "nats://127.0.0.1:4222" || flags["--creds"] == "" {
+		t.Fatalf("README alias %q: want the nats CLI on the default port with --creds", line)
+	}
+	return flags
+}
+
 // TestREADMETryItWorksAsWritten runs the README's "Try it with the nats CLI" block line by
 // line: the plane started as the README says (in a scratch directory, free ports), each
 // `go run ./cmd/authplane …` through the built binary, each `n …` (the nats CLI with the
@@ -105,20 +140,10 @@ func TestREADMETryItWorksAsWritten(t *testing.T) {
 		case len(words) == 1 && strings.Contains(words[0], "=") && !strings.HasPrefix(words[0], "n="):
 			k, v, _ := strings.Cut(words[0], "=")
 			vars[k] = v
-		case len(words) > 2 && words[0] == "go" && words[1] == "run" && words[2] == "./cmd/authplane":
-			p := startAuthplaneIn(t, dir, words[3:]...)
-			if code := p.wait(t, 30*time.Second); code != 0 {
-				t.Fatalf("README line %q: exit %d\n%s", line, code, p.stderr.String())
-			}
+		case isGoRun(words):
+			readmeGoRun(t, dir, line, words)
 		case words[0] == "alias":
-			cli := strings.Fields(strings.TrimPrefix(words[1], "n="))
-			flags := map[string]string{}
-			for i := 1; i+1 < len(cli); i += 2 {
-				flags[cli[i]] = cli[i+1]
-			}
-			if cli[0] != "nats" || flags["--server"] != "nats://127.0.0.1:4222" || flags["--creds"] == "" {
-				t.Fatalf("README alias %q: want the nats CLI on the default port with --creds", line)
-			}
+			flags := readmeAlias(t, line, words[1], "n")
 			prefix := flags["--inbox-prefix"]
 			var ok bool
 			if owner, actor, ok = strings.Cut(strings.TrimPrefix(prefix, "_INBOX."), "."); !ok {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,12 +30,7 @@ func (s *standalone) URL() string { return s.srv.ClientURL() }
 // nats-server from that file. It doubles as the check that init's config is accepted.
 func startStandalone(t testing.TB, spaceName string) *standalone {
 	t.Helper()
-	root := t.TempDir()
-	spaceDir := filepath.Join(root, "space")
-	m, err := space.Create(spaceDir, spaceName)
-	if err != nil {
-		t.Fatalf("create space material: %v", err)
-	}
+	root, spaceDir, m := newSpaceMaterial(t, spaceName)
 	conf := filepath.Join(spaceDir, "nats-server.conf")
 	if err := os.WriteFile(conf, []byte(m.ServerConf(filepath.Join(root, "nats"), "127.0.0.1:-1")), 0o644); err != nil {
 		t.Fatal(err)
@@ -44,9 +40,38 @@ func startStandalone(t testing.TB, spaceName string) *standalone {
 	return s
 }
 
+// newSpaceMaterial creates space material for spaceName in root/space, root a fresh directory
+// for the servers' stores beside it.
+func newSpaceMaterial(t testing.TB, spaceName string) (root, spaceDir string, m *space.Keys) {
+	t.Helper()
+	root = t.TempDir()
+	spaceDir = filepath.Join(root, "space")
+	m, err := space.Create(spaceDir, spaceName)
+	if err != nil {
+		t.Fatalf("create space material: %v", err)
+	}
+	return root, spaceDir, m
+}
+
 // runServerConf runs a nats-server from the configuration file conf, the way `nats-server -c`
 // would, and shuts it down when the test ends.
 func runServerConf(t testing.TB, conf string) *server.Server {
+	t.Helper()
+	return runServerConfOn(t, conf, server.RANDOM_PORT)
+}
+
+// restart shuts the server down and runs it again from its configuration, on the same client
+// port and with the same store: a broker that goes away and comes back.
+func (s *standalone) restart(t testing.TB) {
+	t.Helper()
+	port := s.srv.Addr().(*net.TCPAddr).Port
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+	s.srv = runServerConfOn(t, s.conf, port)
+}
+
+// runServerConfOn is runServerConf listening on port (server.RANDOM_PORT: a free one).
+func runServerConfOn(t testing.TB, conf string, port int) *server.Server {
 	t.Helper()
 	opts, err := server.ProcessConfigFile(conf)
 	if err != nil {
@@ -55,11 +80,19 @@ func runServerConf(t testing.TB, conf string) *server.Server {
 	if opts.Host != "127.0.0.1" || opts.Port != server.RANDOM_PORT {
 		t.Fatalf("got listen %s:%d from %s, want 127.0.0.1:-1", opts.Host, opts.Port, conf)
 	}
+	opts.Port = port
+	return runServer(t, opts, "nats-server from "+conf)
+}
+
+// runServer runs a nats-server with opts (no signals; logs only with AUTHPLANE_TEST_LOG=1)
+// until it accepts connections, and shuts it down when the test ends.
+func runServer(t testing.TB, opts *server.Options, what string) *server.Server {
+	t.Helper()
 	opts.NoSigs = true
 	opts.NoLog = !testLogging()
 	srv, err := server.NewServer(opts)
 	if err != nil {
-		t.Fatalf("nats-server from %s: %v", conf, err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	if testLogging() {
 		srv.ConfigureLogger()
@@ -67,7 +100,7 @@ func runServerConf(t testing.TB, conf string) *server.Server {
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
-		t.Fatalf("nats-server from %s did not become ready", conf)
+		t.Fatalf("%s did not become ready", what)
 	}
 	t.Cleanup(func() {
 		srv.Shutdown()

@@ -24,7 +24,7 @@ func (p *Plane) serveCallout(c *handlers.Callout) error {
 		if err != nil {
 			return nil, err
 		}
-		nc, err := p.dialWith("callout", auth)
+		nc, err := p.dialWith("callout", auth, nil)
 		if err != nil {
 			return nil, err
 		}

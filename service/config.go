@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -81,6 +83,16 @@ type Config struct {
 	MintedBytes  int64
 	AuditBytes   int64
 
+	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
+	// taken.
+	DrainTimeout time.Duration
+
+	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
+	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
+	// InstanceName, so a restart without the disk is the same instance).
+	IdentityStore string
+	InstanceName  string
+
 	// Logger receives the plane's log; nil discards it.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -93,6 +105,9 @@ type Config struct {
 type Hooks struct {
 	// BeforeCommit runs after a mint is signed and recorded, before its commit fence.
 	BeforeCommit func()
+	// AfterEndStep runs after each step (1 to 5) of the supervisor-end of instance iid; an error
+	// stops the end there, as a crash would.
+	AfterEndStep func(iid string, step int) error
 }
 
 // DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
@@ -126,6 +141,8 @@ func Defaults() Config {
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		IdentityStore:        instance.StoreFile,
+		DrainTimeout:         10 * time.Second,
 	}
 }
 
@@ -150,7 +167,7 @@ func (c Config) Validate() error {
 	if c.NATSURL != "" {
 		for _, u := range strings.Split(c.NATSURL, ",") {
 			if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
-				bad("--nats-url %q: want nats://host:port (comma-separated for a cluster)", u)
+				bad("--nats-url %q: want nats://host:port (comma-separated for a cluster)", broker.RedactURL(u))
 			}
 		}
 	}
@@ -204,7 +221,31 @@ func (c Config) Validate() error {
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
 	}
+	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
+}
+
+// validateOperations checks what running the plane as a service adds: where its identity
+// lives, and how long a stop waits.
+func (c Config) validateOperations() []error {
+	var p []error
+	if c.DrainTimeout < 0 || c.DrainTimeout > 10*time.Minute {
+		p = append(p, fmt.Errorf("--drain-timeout %s: want 0 to 10m", c.DrainTimeout))
+	}
+	switch c.IdentityStore {
+	case "", instance.StoreFile:
+		if c.InstanceName != "" {
+			p = append(p, fmt.Errorf("--instance-name %q: only with --identity-store %s", c.InstanceName, instance.StoreKV))
+		}
+	case instance.StoreKV:
+		if !subjects.ValidInstanceName(c.InstanceName) {
+			p = append(p, fmt.Errorf("--instance-name %q: --identity-store %s needs one, [A-Za-z0-9_-]{1,64} (not the host name: a container's changes)",
+				c.InstanceName, instance.StoreKV))
+		}
+	default:
+		p = append(p, fmt.Errorf("--identity-store %q: want %s or %s", c.IdentityStore, instance.StoreFile, instance.StoreKV))
+	}
+	return p
 }
 
 // validatePublic checks the public face's flags: each needs --public-port, the public URL is

@@ -3,45 +3,62 @@ package service
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
-// account; every reconnect presents a newly signed JWT.
-func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions) (*nats.Conn, error) {
+// account; every reconnect presents a newly signed JWT. reconnected, when set, runs after every
+// reconnection.
+func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
 	auth, err := iss.Connect(p.userName(role), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
-	return p.dialWith(role, auth)
+	return p.dialWith(role, auth, reconnected)
 }
 
 // userName is the name of the plane's own user of role.
-func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.identity.InstanceID }
+func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.self() }
 
 // dialWith opens one of the plane's own connections, authenticated by auth: in process to an
-// embedded broker, else to the cluster's URL.
-func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
+// embedded broker, else to the cluster's URL. A connection lost and regained is logged and
+// counted (a renewal's forced reconnect is neither); reconnected, when set, runs after every
+// reconnection.
+func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
+	var lost atomic.Bool
 	opts := []nats.Option{auth}
 	if p.inProcess != nil {
 		opts = append(opts, p.inProcess)
 	}
 	nc, err := nats.Connect(p.info.NATSURL, append(opts,
-		nats.Name("authplane "+role+" "+p.identity.InstanceID),
+		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
+			if err != nil { // nil: a renewal's forced reconnect
+				lost.Store(true)
 				log.Warn("disconnected from NATS", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Debug("reconnected to NATS") }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			if lost.Swap(false) {
+				p.metrics.Reconnected(role)
+				log.Info("reconnected to NATS", "url", broker.RedactURL(nc.ConnectedUrl()))
+			} else {
+				log.Debug("reconnected with a renewed user")
+			}
+			if reconnected != nil {
+				reconnected()
+			}
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
@@ -51,7 +68,7 @@ func (p *Plane) dialWith(role string, auth nats.Option) (*nats.Conn, error) {
 		}),
 	)...)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s user to %s: %w", role, p.info.NATSURL, err)
+		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}
 	return nc, nil
 }
@@ -76,26 +93,34 @@ func (p *Plane) renewEvery(what string, fn func()) {
 	p.onClose("stop renewing the "+what, func() error { close(stop); <-done; return nil })
 }
 
-// connectStore opens the store connection, renewed by reconnecting with a fresh user: a store
-// call cut off by it has an unknown outcome, which every writer settles by re-reading.
-func (p *Plane) connectStore(iss *mint.Issuer) (*nats.Conn, error) {
-	nc, err := p.dial("store", iss, subjects.StorePermissions(p.cfg.Space))
+// connectRenewed opens one of the plane's own connections (the store's, the system user's),
+// renewed by reconnecting with a fresh user: a store call cut off by it has an unknown outcome,
+// which every writer settles by re-reading. reconnected, when set, runs after every
+// reconnection.
+func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
+	nc, err := p.dial(role, iss, perms, reconnected)
 	if err != nil {
 		return nil, err
 	}
-	p.storeNC = nc
 	// A drain waits for requests in flight: each may take its whole deadline.
-	p.onClose("drain the store connection", func() error { return drain(nc, p.drainTimeout()) })
-	p.renewEvery("store user", func() {
+	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.drainTimeout()) })
+	p.renewEvery(role+" user", func() {
 		if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-			p.log.Warn("renewing the plane's store user failed", "err", err)
+			p.log.Warn("renewing the plane's "+role+" user failed", "err", err)
 		}
 	})
 	return nc, nil
 }
 
-// drainTimeout is how long a drain waits for requests in flight: a request's whole deadline.
-func (p *Plane) drainTimeout() time.Duration { return p.cfg.RequestTimeout + 2*time.Second }
+// drainTimeout is how long a drain may wait for requests in flight: what is left of
+// --drain-timeout once the plane is stopping (every drain of the stop shares it), or the whole
+// of it when a renewal retires a generation of the serving side.
+func (p *Plane) drainTimeout() time.Duration {
+	if by := p.drainBy.Load(); by != nil {
+		return max(time.Until(*by), 0)
+	}
+	return p.cfg.DrainTimeout
+}
 
 // connected reports whether every connection of the plane is up.
 func (p *Plane) connected() bool {

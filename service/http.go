@@ -34,6 +34,7 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
 		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
+		Metrics: p.metrics.Handler(), Records: d.records,
 	}
 	if cfg.IdP.URL != "" {
 		v, err := idp.New(cfg.IdPConfig(), cfg.Now)
@@ -68,6 +69,7 @@ func (p *Plane) serveHTTP(h *handlers.HTTP) error {
 		return errors.Join(err, bound.Close())
 	}
 	p.info.PublicURL = public
+	p.info.PublicListen = "http://" + bound.Addr().String()
 	p.serveOn(bound, h.Public(), "public")
 	return nil
 }
@@ -108,7 +110,14 @@ func (p *Plane) serveOn(l net.Listener, handler http.Handler, name string) {
 	p.onClose("shut the HTTP face "+name+" down", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return srv.Shutdown(ctx)
+		if err := srv.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+			// Requests still in flight, or connections opened and never used: cut them.
+			p.log.Warn("HTTP face "+name+": connections still open after 5 s; closing them", "face", name)
+			return srv.Close()
+		} else if err != nil {
+			return err
+		}
+		return nil
 	})
 }
 

@@ -17,9 +17,11 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -41,8 +43,10 @@ type Info struct {
 	Epoch   uint64
 	NATSURL string
 	HTTPURL string
-	// PublicURL is the public face's URL, "" without one.
-	PublicURL string
+	// PublicURL is the public face's URL as clients see it, "" without one; PublicListen is
+	// where it is bound.
+	PublicURL    string
+	PublicListen string
 	// SpaceDir holds the space material; CreatedMaterial says this start wrote it.
 	SpaceDir        string
 	CreatedMaterial bool
@@ -66,10 +70,17 @@ type Plane struct {
 	inProcess nats.Option
 	serving   atomic.Pointer[serving]
 	callout   atomic.Pointer[nats.Conn]
+	metrics   *metrics.Metrics
+	// revocations is the data account's revocation set, applied through the system user.
+	revocations *supervisor.Revocations
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
+	// drainBy is when a stop stops waiting for requests in flight; nil until it starts.
+	drainBy atomic.Pointer[time.Time]
+	// rewatch asks the fence watch to start again, after the store connection reconnected.
+	rewatch chan struct{}
 	// closers tear the plane down in the reverse order Start built it.
 	closers  []closer
 	bg       sync.WaitGroup
@@ -103,8 +114,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -125,10 +137,11 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.loadKeys(); err != nil {
 		return nil, err
 	}
-	if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
-		return nil, err
+	if cfg.IdentityStore != instance.StoreKV {
+		if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
+			return nil, err
+		}
 	}
-	p.info.InstanceID = p.identity.InstanceID
 	if err := p.startBroker(); err != nil {
 		return nil, err
 	}
@@ -137,13 +150,20 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	storeNC, err := p.connectStore(planeIssuer)
-	if err != nil {
+	// After a reconnection of the store connection the fence watch starts again: its consumer
+	// may have gone with the broker, and a new one reads the gate as it is now.
+	rewatch := func() {
+		select {
+		case p.rewatch <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	if p.storeNC, err = p.connectRenewed("store", planeIssuer, subjects.StorePermissions(cfg.Space), rewatch); err != nil {
 		return nil, err
 	}
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p.stores, err = store.Open(openCtx, storeNC, cfg.Space, store.Options{
+	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
@@ -152,6 +172,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
+	if cfg.IdentityStore == instance.StoreKV {
+		if p.identity, err = instance.Claim(openCtx, p.stores.Secrets, cfg.Dir, cfg.Space, cfg.InstanceName); err != nil {
+			return nil, err
+		}
+	}
+	p.info.InstanceID = p.identity.InstanceID
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
 		return nil, err
 	}
@@ -189,40 +215,53 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
-		"epoch", p.info.Epoch, "nats", p.info.NATSURL, "http", p.info.HTTPURL)
+		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
 
-// applyAccountPolicy re-signs the data account's JWT with this start's limits and pushes it to
-// the broker as a system-account user. Without the operator signing key it says so and leaves
-// the account as the material has it.
+// applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
+// account's (this start's limits, the auditors' imports, the revocation set) and pushes them to
+// every server as the plane's system user, the exporter first, so a broker that lost the
+// revocation set gets it back. Without the operator signing key it says so and leaves the
+// accounts as the material has them.
 func (p *Plane) applyAccountPolicy(ctx context.Context) error {
-	token, err := p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections})
-	if errors.Is(err, space.ErrNoOperatorSigner) {
-		p.log.Warn("the data account keeps the limits of the space material: " + err.Error())
+	sysIssuer, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
+	if err != nil {
+		return err
+	}
+	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), nil)
+	if err != nil {
+		return err
+	}
+	p.revocations = &supervisor.Revocations{
+		Gates:   p.stores.Auth,
+		Account: p.keys.Data.Public(),
+		Sign: func(revoked map[string]int64) (string, error) {
+			return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
+		},
+		Broker: broker.Account{NC: system, Public: p.keys.Data.Public()},
+		Now:    p.cfg.Now,
+	}
+	if p.keys.OperatorSigner == nil {
+		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
+	plane, err := p.keys.PlaneAccountJWT()
 	if err != nil {
 		return err
 	}
-	iss, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
-	if err != nil {
-		return err
+	if err := broker.PushAccount(ctx, system, p.keys.Plane.Public(), plane); err != nil {
+		return fmt.Errorf("plane account exports: %w", err)
 	}
-	auth, err := iss.Connect("plane.system_"+p.identity.InstanceID, subjects.SystemPermissions(), time.Minute)
+	applied, err := p.revocations.Apply(ctx, nil, true)
 	if err != nil {
-		return err
+		return fmt.Errorf("data account policy: %w", err)
 	}
-	nc, err := nats.Connect(p.info.NATSURL, auth, nats.Name("authplane system "+p.identity.InstanceID))
-	if err != nil {
-		return fmt.Errorf("connect system user to %s: %w", p.info.NATSURL, err)
-	}
-	defer nc.Close()
-	if err := broker.PushAccount(ctx, nc, p.keys.Data.Public(), token); err != nil {
-		return fmt.Errorf("data account limits: %w", err)
+	if !applied.Done {
+		return fmt.Errorf("data account policy: %s", applied.Reason)
 	}
 	return nil
 }
@@ -292,7 +331,7 @@ func (p *Plane) startBroker() error {
 	b, err := broker.Start(p.keys, broker.Options{
 		Dir:    filepath.Join(p.cfg.Dir, "nats"),
 		Port:   p.cfg.NATSPort,
-		Name:   "authplane-" + p.identity.InstanceID,
+		Name:   "authplane-" + p.self(),
 		Logger: p.log.With("component", "nats-server"),
 	})
 	if errors.Is(err, broker.ErrPortInUse) {
@@ -305,6 +344,15 @@ func (p *Plane) startBroker() error {
 	p.info.NATSURL, p.info.Embedded = b.ClientURL(), true
 	p.inProcess = nats.InProcessServer(b.Server())
 	return nil
+}
+
+// self names this process in server and connection names: its instance id, or, before a
+// claimed identity is read, the instance name it is claimed under.
+func (p *Plane) self() string {
+	if p.identity.InstanceID != "" {
+		return p.identity.InstanceID
+	}
+	return p.cfg.InstanceName
 }
 
 // fence stops serving at once: a newer registration of this instance owns it now.
@@ -341,11 +389,13 @@ func (p *Plane) Err() error {
 	}
 }
 
-// Close stops the plane in the reverse order Start built it: auth-service.json goes first,
-// then the HTTP face, the fence watch, the micro services (no new requests), the audit
-// summaries, the connections (serving first: draining it lets requests in flight finish, and
-// they still need the stores), the embedded broker, and last the state directory's lock. It
-// returns why the plane had stopped on its own, if it had.
+// Close stops the plane in the reverse order Start built it. From its first moment a new
+// request is answered `unavailable`; then auth-service.json goes, the fence watch, the micro
+// services (no new requests reach them), the serving connection's drain (requests in flight
+// finish; they still need the stores), the audit summaries, the HTTP face, the store
+// connection, the embedded broker, and last the state directory's lock. Every drain shares one
+// deadline, --drain-timeout from the start of Close. It returns why the plane had stopped on
+// its own, if it had.
 func (p *Plane) Close() error {
 	err := p.teardown()
 	return errors.Join(p.Err(), err)
@@ -353,6 +403,8 @@ func (p *Plane) Close() error {
 
 func (p *Plane) teardown() error {
 	p.closing.Do(func() {
+		by := time.Now().Add(p.cfg.DrainTimeout)
+		p.drainBy.Store(&by)
 		p.draining.Store(true)
 		p.finish(nil)
 		var errs []error

@@ -7,11 +7,14 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -27,6 +30,7 @@ type serving struct {
 // doors are what every call passes and what serves it, built once and served on the bus and on
 // HTTP: the guard, the issuance pipeline, every endpoint's handler, the HTTP doors.
 type doors struct {
+	records *audit.Writer
 	guard   *handlers.Guard
 	fns     map[string]handlers.Func
 	http    *handlers.HTTP
@@ -46,7 +50,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: recorder, Now: cfg.Now, Fenced: p.fenced.Load,
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
@@ -68,13 +72,33 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 	}
-	d := &doors{guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load}}
+	sup := &supervisor.Supervisor{
+		Space:       cfg.Space,
+		Account:     p.keys.Data.Public(),
+		Platform:    p.stores.Platform,
+		Gates:       p.stores.Auth,
+		Ledger:      p.stores.Actors,
+		Issued:      p.stores.Issued,
+		Accepted:    p.stores.Accepted,
+		Engine:      engine,
+		Minted:      p.stores,
+		Revocations: p.revocations,
+		Audit:       recorder,
+		MaxTTL:      cfg.MaxAssignmentTTL,
+		Now:         cfg.Now,
+	}
+	if cfg.Hooks != nil {
+		sup.AfterEndStep = cfg.Hooks.AfterEndStep
+	}
+	engine.Assignments = sup
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+		Draining: p.draining.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
 		subjects.EndpointRunRevoke:           handlers.RunRevoke(engine),
-		subjects.EndpointSupervisorAssign:    handlers.Unimplemented(subjects.EndpointSupervisorAssign),
-		subjects.EndpointSupervisorAuthority: handlers.Unimplemented(subjects.EndpointSupervisorAuthority),
-		subjects.EndpointSupervisorEnd:       handlers.Unimplemented(subjects.EndpointSupervisorEnd),
+		subjects.EndpointSupervisorAssign:    handlers.SupervisorAssign(sup),
+		subjects.EndpointSupervisorAuthority: handlers.SupervisorAuthority(sup),
+		subjects.EndpointSupervisorEnd:       handlers.SupervisorEnd(sup),
 	}
 	if d.http, err = p.httpDoors(d); err != nil {
 		return nil, err
@@ -95,15 +119,15 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	bus := &handlers.Bus{Space: cfg.Space, Timeout: cfg.RequestTimeout, Guard: d.guard, Log: p.log}
 	fns := d.fns
 	open := func() (*serving, error) {
-		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space))
+		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space), nil)
 		if err != nil {
 			return nil, err
 		}
 		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
 		if err == nil {
 			// A round trip: the broker holds every subscription before anyone counts on them
-			// (a caller after Start, the old generation about to stop).
-			err = nc.FlushTimeout(p.cfg.RequestTimeout)
+			// (a caller right behind the start, the old generation about to stop).
+			err = nc.FlushTimeout(cfg.RequestTimeout)
 		}
 		s := &serving{nc: nc, svcs: svcs}
 		if err != nil {
@@ -195,9 +219,28 @@ func stopAll(svcs []micro.Service) error {
 func (p *Plane) watchFence() {
 	ctx, stop := context.WithCancel(context.Background())
 	p.bg.Go(func() {
-		if err := instance.Watch(ctx, p.stores.Auth, p.gate); err != nil && ctx.Err() == nil {
+		if err := instance.Watch(ctx, p.stores.Auth, p.gate, p.rewatch); err != nil && ctx.Err() == nil {
 			p.fence(err)
 		}
 	})
 	p.onClose("stop watching the plane's gate", func() error { stop(); return nil })
+}
+
+// counted is the pipeline's recorder that also counts, for the metrics, the credentials whose
+// mint committed and the mints discarded.
+type counted struct {
+	issue.Recorder
+	m *metrics.Metrics
+}
+
+func (c counted) LogMinted(req audit.Request, creds []audit.Credential) {
+	c.Recorder.LogMinted(req, creds)
+	for _, cred := range creds {
+		c.m.Issued(req.Endpoint, cred.Duty)
+	}
+}
+
+func (c counted) Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error) {
+	c.Recorder.Discarded(ctx, req, creds, refusal)
+	c.m.Discarded(req.Endpoint, string(refusal.Code))
 }

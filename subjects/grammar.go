@@ -16,6 +16,7 @@ var (
 	runIDRe      = regexp.MustCompile(`^run-[0-9a-f]{32}$`)
 	takeoverIDRe = regexp.MustCompile(`^[0-9a-f]{16}$`)
 	proofRe      = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	instNameRe   = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 )
 
 // ValidSpace reports whether s is a space name: a subject token that is also part of every
@@ -34,6 +35,10 @@ func ValidActor(s string) bool { return actorRe.MatchString(s) }
 
 // ValidUID reports whether s is an instance id or lifecycle uid.
 func ValidUID(s string) bool { return uidRe.MatchString(s) }
+
+// ValidInstanceName reports whether s names a claimed plane identity (`--instance-name`): one
+// KV key token of letters, digits, `_` and `-`, at most 64 characters.
+func ValidInstanceName(s string) bool { return instNameRe.MatchString(s) }
 
 // ValidRequestID reports whether s is a request id.
 func ValidRequestID(s string) bool { return requestIDRe.MatchString(s) }

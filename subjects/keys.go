@@ -55,6 +55,10 @@ func RunFenceKey(runID string) string { return "runfence.manager." + runID }
 // RevocationsKey is the key of an account's revocation set in AuthBucket.
 func RevocationsKey(account string) string { return "revocations." + account }
 
+// NKeyClaimKey is the key of the claim on a user nkey in AuthBucket: the one instance that
+// registered it first, for life.
+func NKeyClaimKey(nkey string) string { return "nkey." + nkey }
+
 // InstancesKey is the key of the list of an owner's live manager instances in AuthBucket: the
 // per-owner quota.
 func InstancesKey(owner string) string { return "instances." + owner }
@@ -64,6 +68,18 @@ func ActorKey(owner, actor string) string { return "actor." + owner + "." + acto
 
 // AssignmentKey is the key of an owner's platform supervisor assignment in PlatformBucket.
 func AssignmentKey(owner string) string { return "assignment." + owner }
+
+// EvidenceKey is the key of one issued generation's evidence in IssuedBucket:
+// `v1.<owner>.<actor>.<uid>.<generation>`.
+func EvidenceKey(owner, actor, uid, generation string) string {
+	return "v1." + owner + "." + actor + "." + uid + "." + generation
+}
+
+// AttemptKey is the key of the attempt row of the evidence at evidenceKey in IssuedBucket.
+func AttemptKey(evidenceKey string) string { return "attempt." + evidenceKey }
+
+// AcceptedKey is the key of a write-once accepted row in AcceptedBucket.
+func AcceptedKey(token string) string { return "accepted.v1." + token }
 
 // AdmissionKey is the key of a run admission in AdmissionBucket.
 func AdmissionKey(runID string) string { return "admission.v1.manager." + runID }

@@ -1,6 +1,9 @@
 package subjects
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Duty names one kind of credential the plane mints (DESIGN §6.8).
 type Duty string
@@ -129,13 +132,74 @@ func StorePermissions(space string) Permissions {
 	}
 }
 
-// SystemPermissions are those of the plane's short-lived system-account user: it pushes account
-// JWTs to the broker's resolver, and nothing else.
-func SystemPermissions() Permissions {
+// SystemPermissions are those of the plane's system-account user: it pushes the data and plane
+// accounts' JWTs to the broker's resolvers, reads the data account's back from each, lists that
+// account's connections on each server, and counts the servers; nothing else, and for no other
+// account.
+func SystemPermissions(dataAccount, planeAccount string) Permissions {
 	return Permissions{
-		Pub: []string{"$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"},
+		Pub: []string{
+			AccountClaimsUpdate(dataAccount),
+			AccountClaimsUpdate(planeAccount),
+			AccountClaimsLookup(dataAccount),
+			AccountConnz(dataAccount),
+			ServerPing,
+		},
 		Sub: []string{"_INBOX.>"},
 	}
+}
+
+// Auditors read the minted and audit streams with the stock `nats` CLI. They are not users of
+// the plane account: a JetStream API request there is answered on whatever reply subject its
+// sender chose, with the account's rights, so even a stream-info-only user there could write
+// any bucket's key. An auditor is a data-account user (no JetStream there) that may publish
+// only the read API of those two streams, which the plane account exports and the data account
+// imports under AuditorAPIPrefix: every answer comes back through the import to the auditor's
+// inbox, in an account where no stream can store it.
+
+// AuditorAPIPrefix is the JetStream API prefix of an auditor's requests (`nats
+// --js-api-prefix`, jetstream.NewWithAPIPrefix).
+func AuditorAPIPrefix(space string) string { return "cotal." + space + ".auditor" }
+
+// AuditorInboxPrefix is the inbox prefix of every auditor credential (`nats --inbox-prefix`).
+// No caller's inbox is under it: an owner token starts `u_` or `p_`.
+const AuditorInboxPrefix = "_INBOX.auditor"
+
+// AuditorRead is one JetStream subject of the plane account that the data account imports for
+// auditors: Remote is its subject in the plane account, Local in the data account. Stream says
+// one request may get many answers (a pull consumer's batch).
+type AuditorRead struct {
+	Remote string
+	Local  string
+	Stream bool
+}
+
+// AuditorReads is what DESIGN §6.8 lets an auditor do, as imports: for the minted and audit
+// streams, stream info, message gets (the streams allow no direct gets: fences are leader
+// reads), and consumers (create, info, pull, ack, delete a consumer: how `nats stream view`
+// pages). Nothing that writes, deletes or purges a message, and no bucket.
+func AuditorReads(space string) []AuditorRead {
+	api := AuditorAPIPrefix(space)
+	var reads []AuditorRead
+	for _, st := range []string{MintedStream(space), AuditStream(space)} {
+		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st, "CONSUMER.CREATE." + st + ".>",
+			"CONSUMER.INFO." + st + ".*", "CONSUMER.MSG.NEXT." + st + ".*", "CONSUMER.DELETE." + st + ".*"} {
+			reads = append(reads, AuditorRead{Remote: "$JS.API." + verb, Local: api + "." + verb, Stream: strings.HasPrefix(verb, "CONSUMER.MSG.NEXT.")})
+		}
+		ack := "$JS.ACK." + st + ".>"
+		reads = append(reads, AuditorRead{Remote: ack, Local: ack})
+	}
+	return reads
+}
+
+// AuditorPermissions are those of an auditor credential (`authplane creds --role auditor`): it
+// may publish the imported read subjects and subscribe its own inbox, nothing else.
+func AuditorPermissions(space string) Permissions {
+	g := Permissions{Sub: []string{AuditorInboxPrefix + ".>"}}
+	for _, r := range AuditorReads(space) {
+		g.Pub = append(g.Pub, r.Local)
+	}
+	return g
 }
 
 // CalloutPermissions are those of the plane's callout user, of the callout account: it

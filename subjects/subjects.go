@@ -162,3 +162,22 @@ func AuditSubject(space, decision, owner, actor string) string {
 
 // AuditStreamSubjects is the subject space of the audit stream.
 func AuditStreamSubjects(space string) string { return "cotal." + space + ".audit.>" }
+
+// The system account's requests the plane makes of the broker (a system-account user sends
+// them; every server of a cluster answers).
+
+// AccountClaimsUpdate pushes an account JWT to every server's resolver.
+func AccountClaimsUpdate(account string) string {
+	return "$SYS.REQ.ACCOUNT." + account + ".CLAIMS.UPDATE"
+}
+
+// AccountClaimsLookup asks every server's resolver for the account JWT it holds.
+func AccountClaimsLookup(account string) string {
+	return "$SYS.REQ.ACCOUNT." + account + ".CLAIMS.LOOKUP"
+}
+
+// AccountConnz asks every server for the account's connections.
+func AccountConnz(account string) string { return "$SYS.REQ.ACCOUNT." + account + ".CONNZ" }
+
+// ServerPing asks every server for its statistics: how the plane counts a cluster's servers.
+const ServerPing = "$SYS.REQ.SERVER.PING"

@@ -104,11 +104,7 @@ func keys(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errUsage
 	}
-	m, err := l.Keys()
-	if err != nil {
-		return err
-	}
-	url, err := l.URL()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}

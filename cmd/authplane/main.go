@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/cotal-ai/authplane/internal/envflag"
 )
 
 const usage = `authplane: the authority plane of a Cotal mesh
@@ -22,6 +24,8 @@ usage:
   authplane agent [flags]        give a managed agent a one-time exchange secret, or revoke it
   authplane keys list|rotate|retire KID
                                  list, rotate or retire the bearer keys /jwks publishes
+  authplane identity migrate     move a file identity into the store (then --identity-store kv)
+  authplane version              print the release, module version and VCS revision
   authplane bench [flags]        measure a plane against its echo and mint ceilings
 
 Run 'authplane <command> -h' for a command's flags.
@@ -57,6 +61,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = agent(args, stdout, stderr)
 	case "keys":
 		err = keys(args, stdout, stderr)
+	case "identity":
+		err = identityCmd(args, stdout, stderr)
+	case "version":
+		err = versionCmd(args, stdout, stderr)
 	case "bench":
 		err = benchCmd(args, stdout, stderr)
 	case "help", "-h", "--help":
@@ -78,17 +86,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// parse parses a subcommand's flags; a bad flag is a usage error.
+// parse parses a subcommand's flags and their AUTHPLANE_<FLAG> environment twins: a usage
+// error (an unknown flag, a stray argument) is errUsage, `-h` is flag.ErrHelp, and every value
+// that does not parse is reported at once.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	bad, err := parseValues(fs, args)
+	if err != nil {
+		return err
+	}
+	return errors.Join(bad...)
+}
+
+// parseValues is parse for a command that reports the values that do not parse together with
+// the rest of its configuration's problems.
+func parseValues(fs *flag.FlagSet, args []string) ([]error, error) {
+	bad, err := envflag.Parse(fs, args, envflag.Options{Prefix: envPrefix, Lookup: os.LookupEnv})
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return nil, err
 		}
-		return errUsage
+		return nil, errUsage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+		return nil, errUsage
 	}
-	return nil
+	return bad, nil
 }
+
+// envPrefix names the environment twin of every flag: `--nats-url` reads AUTHPLANE_NATS_URL.
+const envPrefix = "AUTHPLANE"

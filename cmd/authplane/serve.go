@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -52,14 +53,20 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
 	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken")
+	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
+	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	if err := parse(fs, args); err != nil {
+	// The whole configuration is checked before anything starts, and every problem reported.
+	problems, err := parseValues(fs, args)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
-		return err
+	problems = append(problems, err, cfg.Validate())
+	if err := errors.Join(problems...); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	cfg.Logger = log
 
@@ -73,7 +80,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 
 	select {
 	case <-ctx.Done():
-		log.Info("signal received; draining")
+		stop() // a second signal ends the process at once
+		log.Info("signal received; draining: no new request is taken", "drain_timeout", cfg.DrainTimeout)
 		if err := plane.Close(); err != nil {
 			return err
 		}
@@ -115,13 +123,13 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	if info.CreatedMaterial {
 		material = "created"
 	}
-	broker := "existing cluster"
+	where := "existing cluster"
 	if info.Embedded {
-		broker = "embedded, store in " + filepath.Join(dir, "nats")
+		where = "embedded, store in " + filepath.Join(dir, "nats")
 	}
 	fmt.Fprintf(w, "authplane %s serving space %q\n", service.Version, info.Space)
 	fmt.Fprintf(w, "  instance  %s (epoch %d)\n", info.InstanceID, info.Epoch)
-	fmt.Fprintf(w, "  nats      %s (%s)\n", info.NATSURL, broker)
+	fmt.Fprintf(w, "  nats      %s (%s)\n", broker.RedactURL(info.NATSURL), where)
 	fmt.Fprintf(w, "  http      %s/health\n", info.HTTPURL)
 	if info.PublicURL != "" {
 		fmt.Fprintf(w, "  public    %s/.well-known/cotal-mesh\n", strings.TrimSuffix(info.PublicURL, "/"))
@@ -131,5 +139,5 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "try it:\n")
 	fmt.Fprintf(w, "  authplane creds --dir %s --role ops --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
 	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
-		info.NATSURL, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+		broker.RedactURL(info.NATSURL), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -19,6 +20,19 @@ func locateFlags(fs *flag.FlagSet) *admin.Locate {
 	fs.StringVar(&l.SpaceDir, "space-dir", "", "space material directory (default: the running plane's, else <dir>/space)")
 	fs.StringVar(&l.NATSURL, "nats-url", "", "broker URL (default: the running plane's)")
 	return l
+}
+
+// located is the space material and the broker URL l finds.
+func located(l *admin.Locate) (*space.Keys, string, error) {
+	m, err := l.Keys()
+	if err != nil {
+		return nil, "", err
+	}
+	url, err := l.URL()
+	if err != nil {
+		return nil, "", err
+	}
+	return m, url, nil
 }
 
 // principalFlags adds --owner and --actor: the principal a command writes for.
@@ -59,7 +73,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
 	o := admin.DefaultCreds()
-	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts) or ops (a caller that may also use nats micro ls|info|stats|ping)")
+	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts), ops (a caller that may also use nats micro ls|info|stats|ping) or auditor (read the minted and audit streams; no --owner/--actor)")
 	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential")
 	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold")
 	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes")
@@ -77,6 +91,12 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
 	if err := admin.WriteCreds(*out, m, o, time.Now()); err != nil {
 		return err
+	}
+	if o.Role == admin.RoleAuditor {
+		fmt.Fprintf(stdout, "wrote %s for an auditor of space %q (expires in %s)\n", *out, m.Space, o.TTL)
+		fmt.Fprintf(stdout, "use it with: nats --creds %s --inbox-prefix %s --js-api-prefix %s stream view %s\n",
+			*out, subjects.AuditorInboxPrefix, subjects.AuditorAPIPrefix(m.Space), subjects.AuditStream(m.Space))
+		return nil
 	}
 	fmt.Fprintf(stdout, "wrote %s for %s, role %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *role, o.TTL)
 	fmt.Fprintf(stdout, "use it with: nats --creds %s --inbox-prefix %s …\n", *out, subjects.InboxPrefix(*owner, *actor))
@@ -101,11 +121,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 			scope = append(scope, s)
 		}
 	}
-	m, err := l.Keys()
-	if err != nil {
-		return err
-	}
-	url, err := l.URL()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}

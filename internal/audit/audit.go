@@ -88,7 +88,32 @@ type Decision struct {
 	Code        string       `json:"code,omitempty"`
 	Message     string       `json:"message,omitempty"`
 	Credentials []Credential `json:"credentials,omitempty"`
-	At          int64        `json:"at"` // milliseconds
+	// Assignment is the platform supervisor assignment an `assigned` or `ended` record is about.
+	Assignment *Assignment `json:"assignment,omitempty"`
+	// Revoked are the user nkeys an `ended` record put on the data account's revocation set.
+	Revoked []string `json:"revoked,omitempty"`
+	// Bearer is the bearer an `exchanged` record is about.
+	Bearer *Bearer `json:"bearer,omitempty"`
+	At     int64   `json:"at"` // milliseconds
+}
+
+// Assignment names a platform supervisor assignment in a record: the owner it acts for, the
+// instance and lifecycle it covers, its end (seconds), its state and revision.
+type Assignment struct {
+	Owner        string `json:"owner"`
+	InstanceID   string `json:"instanceId"`
+	LifecycleUID string `json:"lifecycleUid"`
+	ExpiresAt    int64  `json:"expiresAt"`
+	State        string `json:"state"`
+	Revision     uint64 `json:"revision"`
+}
+
+// Bearer names a bearer in an `exchanged` record: its view, whether an agent's secret bought
+// it, and its expiry (seconds); never the token.
+type Bearer struct {
+	View  string `json:"view"`
+	Agent bool   `json:"agent,omitempty"`
+	Exp   int64  `json:"exp"`
 }
 
 // Decision names.
@@ -97,6 +122,7 @@ const (
 	Discarded = "discarded"
 	Assigned  = "assigned"
 	Ended     = "ended"
+	Exchanged = "exchanged"
 	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
 	RefusedSummary = "refused-summary"
 )
@@ -185,6 +211,23 @@ func (w *Writer) LogMinted(req Request, creds []Credential) {
 // Discarded records a signed mint that did not commit: nothing was sent.
 func (w *Writer) Discarded(ctx context.Context, req Request, creds []Credential, refusal *fault.Error) {
 	w.record(ctx, Decision{Decision: Discarded, Request: req, Code: string(refusal.Code), Message: refusal.Message, Credentials: creds}, refusal.Cause)
+}
+
+// Assigned records a platform supervisor assignment written (or found already written) for
+// the caller of req.
+func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
+	w.record(ctx, Decision{Decision: Assigned, Request: req, Assignment: &a}, nil)
+}
+
+// Ended records the end of a platform supervisor assignment: why (reason, as the caller gave
+// it, at most fault.MaxMessage bytes), and every credential key it revoked.
+func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked []string) {
+	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked}, nil)
+}
+
+// Exchanged records a bearer issued by /exchange to the caller of req.
+func (w *Writer) Exchanged(ctx context.Context, req Request, b Bearer) {
+	w.record(ctx, Decision{Decision: Exchanged, Request: req, Bearer: &b}, nil)
 }
 
 // Refused records a request refused before anything was signed: in full while the caller's
@@ -289,6 +332,15 @@ func (w *Writer) summarize(ctx context.Context, owner string, win *window) {
 func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	d.V, d.At = 1, w.now().UnixMilli()
 	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
+	if a := d.Assignment; a != nil {
+		attrs = append(attrs, slog.Group("assignment", "owner", a.Owner, "lifecycle", a.LifecycleUID, "expires_at", a.ExpiresAt, "state", a.State, "revision", a.Revision))
+	}
+	if len(d.Revoked) > 0 {
+		attrs = append(attrs, "revoked", d.Revoked)
+	}
+	if b := d.Bearer; b != nil {
+		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
+	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo
 	switch {

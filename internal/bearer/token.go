@@ -13,6 +13,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -40,13 +41,15 @@ type Claims struct {
 
 // wire is a bearer's JWT claims.
 type wire struct {
-	Iss   string   `json:"iss"`
-	Aud   string   `json:"aud"`
-	Sub   string   `json:"sub"`
-	Iat   int64    `json:"iat"`
-	Nbf   int64    `json:"nbf"`
-	Exp   int64    `json:"exp"`
-	Ver   int      `json:"ver"`
+	Iss string `json:"iss"`
+	Aud string `json:"aud"`
+	Sub string `json:"sub"`
+	Iat int64  `json:"iat"`
+	Nbf int64  `json:"nbf"`
+	Exp int64  `json:"exp"`
+	Ver int    `json:"ver"`
+	// JTI makes every bearer unique, two issued in one second for one principal too.
+	JTI   string   `json:"jti"`
 	Scope []string `json:"scope"`
 	Act   act      `json:"act"`
 }
@@ -86,7 +89,7 @@ func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Durat
 		scope = []string{}
 	}
 	token, err := jwt.Signed(signer).Claims(wire{Iss: subjects.Issuer(space), Aud: space, Sub: c.Owner, Iat: now.Unix(), Nbf: now.Unix(),
-		Exp: exp.Unix(), Ver: 1, Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
+		Exp: exp.Unix(), Ver: 1, JTI: ids.Nonce(), Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
 	if err != nil {
 		return "", time.Time{}, err
 	}

@@ -72,9 +72,14 @@ func notJSON() *fault.Error { return fault.New(fault.BadRequest, "body is not JS
 // DecodeRaw is Decode for a value that arrived as a json.RawMessage inside a larger body;
 // field names in its refusals are prefixed with path.
 func DecodeRaw(path string, raw json.RawMessage, v any) error {
-	err := Decode(raw, v)
+	return Within(path, Decode(raw, v))
+}
+
+// Within returns a bad-request refusal err about a value nested at path of a larger body, with
+// path prefixed to the field it names; any other error comes back as it is.
+func Within(path string, err error) error {
 	var f *fault.Error
-	if errors.As(err, &f) && path != "" {
+	if errors.As(err, &f) && f.Code == fault.BadRequest && path != "" {
 		if rest, ok := strings.CutPrefix(f.Message, "field "); ok {
 			return fault.New(f.Code, "field %s.%s", path, rest)
 		}

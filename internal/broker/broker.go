@@ -11,6 +11,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -148,4 +149,25 @@ func PushAccount(ctx context.Context, nc *nats.Conn, account, token string) erro
 		return fmt.Errorf("push account %s: %d %s", account, reply.Error.Code, reply.Error.Description)
 	}
 	return nil
+}
+
+// RedactURL returns urls (one broker URL or a comma-separated list) with the user information
+// of each (a user and password, or a token) replaced by REDACTED: a URL may carry a secret,
+// and URLs are shown in errors, logs and the start summary. It needs no URL to parse.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		start := 0
+		if j := strings.Index(u, "://"); j >= 0 {
+			start = j + 3
+		}
+		end := len(u)
+		if j := strings.IndexAny(u[start:], "/?#"); j >= 0 {
+			end = start + j
+		}
+		if at := strings.LastIndex(u[start:end], "@"); at >= 0 {
+			parts[i] = u[:start] + "REDACTED" + u[start+at:]
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -154,7 +154,9 @@ func CodeOf(err error) Code { return As(err).Code }
 
 // Store turns a failure of the stores (a fence, a bucket, a record stream) during what (a
 // formatted phrase: "committing the mint on gate epgate.manager.x") into the refusal a caller
-// can act on. A refusal passes through unchanged. The code follows the storage error:
+// can act on. A refusal passes through unchanged, except one a stored row's parse made (a row
+// decoded as a body is refused bad-request, naming its field): a row that does not parse is the
+// plane's fault, never the caller's. The code follows the storage error:
 //
 //	fence.ErrMoved          conflict            a fence writer landed first
 //	fence.ErrGone           failed-precondition a delete marker is final
@@ -163,7 +165,7 @@ func CodeOf(err error) Code { return As(err).Code }
 //	anything else           unavailable         a timeout, a leader change, the deadline
 func Store(err error, what string, args ...any) *Error {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && (e.Code == Internal || !errors.Is(err, fence.ErrMalformed)) {
 		return e
 	}
 	what = fmt.Sprintf(what, args...)

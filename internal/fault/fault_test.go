@@ -41,6 +41,7 @@ func TestStoreChoosesTheCodeFromTheStorageError(t *testing.T) {
 		{fmt.Errorf("read k: %w", fence.ErrGone), FailedPrecondition},
 		{fmt.Errorf("append: %w", store.ErrFull), ResourceExhausted},
 		{fmt.Errorf("%w: k", fence.ErrMalformed), Internal},
+		{fmt.Errorf("%w: k: %w", fence.ErrMalformed, Field("extra", "unknown field")), Internal}, // the row's parse, not the caller's body
 		{fmt.Errorf("write k: %w", fence.ErrUnknownOutcome), Unavailable},
 		{fmt.Errorf("write k: %w", context.DeadlineExceeded), Unavailable},
 		{errors.New("nats: connection closed"), Unavailable},

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/cotal-ai/authplane/internal/store"
 )
@@ -27,6 +28,10 @@ var (
 	ErrUnknownOutcome = errors.New("fence write outcome unknown")
 	// ErrMalformed: the stored row does not parse.
 	ErrMalformed = errors.New("fence row malformed")
+	// ErrKeep is what an Update's decide returns (alone or wrapped) when the row as observed is
+	// already what it wants: Update then writes nothing and returns the observation. It lets a
+	// step that checks its own state first be a no-op on a retry.
+	ErrKeep = errors.New("keep the row as observed")
 )
 
 // KV is the part of a bucket a fence needs: store.KV, or storetest.KV in unit tests.
@@ -155,6 +160,10 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 	return o.put(ctx, data)
 }
 
+// Retries counts the writes retried by every fence of this process (a lost CAS, an unknown
+// outcome): what the plane's metrics export.
+var Retries atomic.Int64
+
 // put is the one CAS loop: write data at the observed revision until it lands, the row
 // changes, or ctx ends. The first time a re-read finds the row as observed at a later
 // revision (another commit of the same bytes landed first), it tries again at once at that
@@ -192,6 +201,7 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 				continue
 			}
 		}
+		Retries.Add(1)
 		if perr := store.Pause(ctx, attempt); perr != nil {
 			if errors.Is(last, store.ErrUnknownOutcome) {
 				return nil, fmt.Errorf("write %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, last, perr)
@@ -223,7 +233,8 @@ func (f *Fence[T]) landed(data []byte, n uint64) (*Observed[T], error) {
 
 // Update observes the fence and writes decide's row for what it saw, again from a fresh
 // observation each time the fence moves first, until a write lands or ctx ends. decide may
-// refuse (its error is returned as is); it sees Absent() for a key never written. ErrGone and
+// refuse (its error is returned as is), or return ErrKeep to leave the row as observed (Update
+// then returns that observation); it sees Absent() for a key never written. ErrGone and
 // ErrMalformed are final. decide must be safe to apply twice: a write of unknown outcome that
 // did land, followed by another writer's change, reads as moved and is decided again.
 func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
@@ -233,6 +244,9 @@ func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, err
 			return nil, err
 		}
 		next, err := decide(o)
+		if errors.Is(err, ErrKeep) {
+			return o, nil
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -260,6 +260,20 @@ func TestUpdateReturnsTheRefusalOfDecide(t *testing.T) {
 	}
 }
 
+func TestUpdateWritesNothingWhenDecideKeepsTheRow(t *testing.T) {
+	kv, f, o := setup(t, fresh("retired", 0))
+	before := kv.Revision()
+	n, err := f.Update(ctx(t), func(*fence.Observed[row]) (row, error) {
+		return row{}, fmt.Errorf("already retired: %w", fence.ErrKeep)
+	})
+	if err != nil {
+		t.Fatalf("got %v, want the observation kept", err)
+	}
+	if kv.Revision() != before || n.Revision != o.Revision || n.Row != o.Row {
+		t.Fatalf("got revision %d (bucket %d → %d), want the row as observed at %d and nothing written", n.Revision, before, kv.Revision(), o.Revision)
+	}
+}
+
 func TestARetryLoopEndsAtItsDeadlineSayingWhy(t *testing.T) {
 	for _, c := range []struct {
 		name  string

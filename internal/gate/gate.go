@@ -5,6 +5,8 @@
 package gate
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -92,4 +94,12 @@ func Parse(data []byte) (Row, error) {
 		return Row{}, fmt.Errorf("principal %q", r.Principal)
 	}
 	return r, nil
+}
+
+// RetirementOpID is the op id of the retirement of lifecycle uid (the original's
+// managedRetirementOpId): the first 26 hex characters of SHA-256 over "retire:" + uid, so every
+// retry of one lifecycle's end names the same operation.
+func RetirementOpID(uid string) string {
+	sum := sha256.Sum256([]byte("retire:" + uid))
+	return hex.EncodeToString(sum[:])[:26]
 }

@@ -28,7 +28,7 @@ func DeriveOwner(secret []byte, issuer, sub string) string {
 func jsString(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
-	for _, r := range s {
+	for i, r := range s {
 		switch {
 		case r == '"':
 			b.WriteString(`\"`)
@@ -46,7 +46,7 @@ func jsString(s string) string {
 			b.WriteString(`\t`)
 		case r < 0x20:
 			fmt.Fprintf(&b, `\u%04x`, r)
-		case r == utf8.RuneError:
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"): // U+FFFD itself is valid, and written as it is
 			panic("idp: jsString of invalid UTF-8")
 		default:
 			b.WriteRune(r)

@@ -21,7 +21,8 @@ const vectors = `{"issuer":"https://idp.example","sub":"user-1","json":"[\"https
 {"issuer":"https://idp.example","sub":"emoji 😀 and 中文","json":"[\"https://idp.example\",\"emoji 😀 and 中文\"]","owner":"u_s3nohtwgd2f66pnwzuq4b7h2y4"}
 {"issuer":"https://idp.example","sub":"\u007f\u0080\u00a0","json":"[\"https://idp.example\",\"\u007f\u0080\u00a0\"]","owner":"u_p7vgw5zsvodp366a5wdn3ldbjq"}
 {"issuer":"https://idp.example","sub":"slash/ and \u2027 and \u202a","json":"[\"https://idp.example\",\"slash/ and \u2027 and \u202a\"]","owner":"u_jubjhuq2pwepen62jtpwjnfrjy"}
-{"issuer":"iss with \"quotes\"","sub":"sub","json":"[\"iss with \\\"quotes\\\"\",\"sub\"]","owner":"u_5sbqoiohvifaz5yype5es5jxjy"}`
+{"issuer":"iss with \"quotes\"","sub":"sub","json":"[\"iss with \\\"quotes\\\"\",\"sub\"]","owner":"u_5sbqoiohvifaz5yype5es5jxjy"}
+{"issuer":"https://idp.example","sub":"replacement \ufffd char","json":"[\"https://idp.example\",\"replacement \ufffd char\"]","owner":"u_yw5aufkiqon4q2ajhpi42kumyu"}`
 
 func TestOwnersDeriveAsTheOriginalDerivesThem(t *testing.T) {
 	secret, err := hex.DecodeString("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")

@@ -22,6 +22,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -73,16 +74,23 @@ const IdentityFile = "identity.json"
 
 // LoadOrCreateIdentity reads the identity in dir, or creates one with a fresh instance id.
 func LoadOrCreateIdentity(dir, space string) (Identity, error) {
+	id, err := ReadIdentity(dir, space)
+	if !errors.Is(err, os.ErrNotExist) {
+		return id, err
+	}
+	id = Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
+	data, err := json.Marshal(id)
+	if err != nil {
+		return Identity{}, err
+	}
+	return id, files.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), files.Private)
+}
+
+// ReadIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
+// file that is not a version 1 identity of space is an error naming it.
+func ReadIdentity(dir, space string) (Identity, error) {
 	path := filepath.Join(dir, IdentityFile)
 	raw, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		id := Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
-		data, err := json.Marshal(id)
-		if err != nil {
-			return Identity{}, err
-		}
-		return id, files.WriteAtomic(path, append(data, '\n'), files.Private)
-	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("read identity: %w", err)
 	}
@@ -129,15 +137,39 @@ type Watcher interface {
 }
 
 // Watch blocks until the plane's gate g moves past this registration (a newer epoch, another
-// state, a delete) and then returns ErrFenced; it returns nil when ctx ends first.
-func Watch(ctx context.Context, kv Watcher, g *gate.Gate) (err error) {
+// state, a delete) and then returns ErrFenced; it returns nil when ctx ends first. A signal on
+// rewatch (the connection came back: the watch's consumer may be gone with the broker) starts
+// the watch again, from the gate as it is then, retrying until the store answers: an epoch that
+// moved meanwhile fences at once.
+func Watch(ctx context.Context, kv Watcher, g *gate.Gate, rewatch <-chan struct{}) error {
+	err := watch(ctx, kv, g, rewatch)
+	for attempt := 0; errors.Is(err, errRewatch); attempt++ {
+		if err = watch(ctx, kv, g, rewatch); errors.Is(err, errNoWatch) {
+			if perr := store.Pause(ctx, attempt); perr != nil {
+				return nil
+			}
+			err = errRewatch
+		}
+	}
+	return err
+}
+
+var (
+	// errRewatch: the watch must start again.
+	errRewatch = errors.New("watch again")
+	// errNoWatch: the watch could not start.
+	errNoWatch = errors.New("cannot watch")
+)
+
+// watch is one watch of g's key, until it fences, ctx ends, or rewatch asks for another.
+func watch(ctx context.Context, kv Watcher, g *gate.Gate, rewatch <-chan struct{}) (err error) {
 	key := g.Key()
 	w, err := kv.Watch(ctx, key)
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", key, err)
+		return fmt.Errorf("watch %s: %w: %w", key, errNoWatch, err)
 	}
 	defer func() {
-		if serr := w.Stop(); serr != nil && !errors.Is(serr, nats.ErrConnectionClosed) {
+		if serr := w.Stop(); serr != nil && !errors.Is(serr, nats.ErrConnectionClosed) && !errors.Is(err, errRewatch) {
 			err = errors.Join(err, serr)
 		}
 	}()
@@ -145,6 +177,8 @@ func Watch(ctx context.Context, kv Watcher, g *gate.Gate) (err error) {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-rewatch:
+			return errRewatch
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:

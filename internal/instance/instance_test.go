@@ -3,8 +3,11 @@ package instance
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -55,7 +58,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx(t), kv, g) }()
+	go func() { done <- Watch(ctx(t), kv, g, nil) }()
 	// A mint's commit (the same bytes) does not fence.
 	if _, err := g.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -80,7 +83,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- Watch(ctx(t), kv, g) }()
+	go func() { done <- Watch(ctx(t), kv, g, nil) }()
 	kv.Delete(subjects.GateKey(subjects.GateEndpointAuth, iid))
 	if err := <-done; !errors.Is(err, ErrFenced) {
 		t.Fatalf("a delete: got %v, want ErrFenced", err)
@@ -92,7 +95,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, cancel := context.WithCancel(context.Background())
-	go func() { done <- Watch(c, kv2, g2) }()
+	go func() { done <- Watch(c, kv2, g2, nil) }()
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("a context that ends: got %v, want nil", err)
@@ -108,7 +111,67 @@ func TestAnEpochThatMovedBeforeTheWatchFencesAtOnce(t *testing.T) {
 	if _, err := Register(ctx(t), kv, iid); err != nil {
 		t.Fatal(err)
 	}
-	if err := Watch(ctx(t), kv, g); !errors.Is(err, ErrFenced) {
+	if err := Watch(ctx(t), kv, g, nil); !errors.Is(err, ErrFenced) {
 		t.Fatalf("got %v, want ErrFenced from the watch's first value", err)
+	}
+}
+
+// flakyWatcher is a bucket whose first watch goes deaf (its consumer went with the broker)
+// and whose next `fail` watches cannot start, as right after the broker came back.
+type flakyWatcher struct {
+	*storetest.KV
+	fail    atomic.Int32
+	watches atomic.Int32
+}
+
+func (f *flakyWatcher) Watch(ctx context.Context, key string) (jetstream.KeyWatcher, error) {
+	switch n := f.watches.Add(1); {
+	case n == 1:
+		return deafWatcher{make(chan jetstream.KeyValueEntry, 1)}, nil
+	case f.fail.Add(-1) >= 0:
+		return nil, errors.New("jetstream not ready")
+	}
+	return f.KV.Watch(ctx, key)
+}
+
+// deafWatcher ends its initial values and then hears nothing.
+type deafWatcher struct{ updates chan jetstream.KeyValueEntry }
+
+func (d deafWatcher) Updates() <-chan jetstream.KeyValueEntry {
+	select {
+	case d.updates <- nil:
+	default:
+	}
+	return d.updates
+}
+func (d deafWatcher) Stop() error { return nil }
+
+// After a reconnection the watch starts again, retrying while the store cannot watch yet, and
+// an epoch that moved while the old watch heard nothing fences at once.
+func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
+	kv := &flakyWatcher{KV: storetest.New()}
+	kv.fail.Store(3)
+	iid := ids.UID()
+	g, err := Register(ctx(t), kv, iid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewatch := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx(t), kv, g, rewatch) }()
+	if _, err := Register(ctx(t), kv, iid); err != nil {
+		t.Fatal(err)
+	}
+	rewatch <- struct{}{}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrFenced) {
+			t.Fatalf("got %v, want ErrFenced", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the restarted watch did not fence")
+	}
+	if n := kv.watches.Load(); n != 5 {
+		t.Errorf("got %d watches, want the deaf one, three that could not start, and the one that fenced", n)
 	}
 }

@@ -45,7 +45,8 @@ type Ceiling struct {
 type Step struct {
 	// Fence names the fence (its key), for refusals and logs.
 	Fence string
-	// Commit commits the mint on the fence and returns the revision the fence landed at.
+	// Commit commits the mint on the fence and returns the revision the fence landed at (0 for
+	// a step over several keys, such as an instance's identity claims).
 	Commit func(ctx context.Context) (uint64, error)
 }
 

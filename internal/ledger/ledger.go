@@ -50,8 +50,10 @@ func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 		if err := body.Decode(data, &r); err != nil {
 			return Row{}, err
 		}
-		if r.V != 1 || r.Owner != owner || r.Actor != actor {
-			return Row{}, errors.New("not a version 1 row of this principal")
+		// A row without its scope list would read as no scope but could not be written
+		// back (a nil list marshals as null, which no row may hold).
+		if r.V != 1 || r.Owner != owner || r.Actor != actor || r.Scope == nil {
+			return Row{}, errors.New("not a version 1 row of this principal with its scope")
 		}
 		return r, nil
 	}, nil)

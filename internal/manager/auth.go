@@ -13,14 +13,15 @@ import (
 
 // authorizeCurrent authorizes a request past activate (a renewal, a run's admission or
 // attempt) from caller for an instance of the caller's owner, and returns its gate as read.
-// The caller holds `supervise`, or is the instance's own supervisor or executor, behind whom
-// stands a person: whoever prepared it must still hold `supervise`, read now. Then the
-// manager's registration must authenticate the request. A person's ledger row and the gate
-// are read at once, and decided on in that order.
-func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope) (*gate.Gate, error) {
+// The caller holds `supervise`, is a platform supervisor (sup, whose checks are its own), or
+// is the instance's own supervisor or executor, behind whom stands a person: whoever prepared
+// it must still hold `supervise`, read now, or on a supervised gate its assignment must still
+// stand. The manager's registration must authenticate the request. A person's ledger row and
+// the gate are read at once, and decided on in that order.
+func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope, sup *Supervision) (*gate.Gate, error) {
 	iid := env.InstanceID
-	ownDuty := caller.Actor == subjects.SupervisorActor(iid) || caller.Actor == subjects.ExecutorActor(iid)
-	if !ownDuty {
+	ownDuty := sup == nil && (caller.Actor == subjects.SupervisorActor(iid) || caller.Actor == subjects.ExecutorActor(iid))
+	if !ownDuty && sup == nil {
 		gateRead := e.readAhead(ctx, iid)
 		if err := e.requireSupervise(ctx, caller); err != nil {
 			return nil, err
@@ -31,15 +32,28 @@ func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *clien
 	if err != nil {
 		return nil, err
 	}
-	o, a, ok := strings.Cut(g.Row.Registration.PreparedBy, ".")
-	if !ok {
-		return nil, fault.New(fault.Internal, "the registration of instance %s names no preparer", iid)
-	}
-	// The refusal names no one: the preparer is not the caller of this request.
-	if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
-		return nil, err
-	} else if !ok {
-		return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", iid, ledger.Supervise)
+	switch {
+	case ownDuty && g.Row.SupervisedUntil != 0:
+		// A supervised instance's own duties stand on its assignment, read now.
+		if e.Assignments == nil {
+			return nil, fault.New(fault.PermissionDenied, "instance %s is supervised and this plane cannot read assignments", iid)
+		}
+		if err := e.Assignments.Vouch(ctx, caller.Owner, iid, env.ManagerLifecycleUID); err != nil {
+			return nil, err
+		}
+	case ownDuty:
+		// Behind an instance's own duties stands a person: whoever prepared it must still hold
+		// supervise, read now.
+		o, a, ok := strings.Cut(g.Row.Registration.PreparedBy, ".")
+		if !ok {
+			return nil, fault.New(fault.Internal, "the registration of instance %s names no preparer", iid)
+		}
+		// The refusal names no one: the preparer is not the caller of this request.
+		if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
+			return nil, err
+		} else if !ok {
+			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", iid, ledger.Supervise)
+		}
 	}
 	return g, nil
 }

@@ -37,6 +37,30 @@ type Engine struct {
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
 	MaxInstancesPerOwner int
+	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
+	// them.
+	Assignments Assignments
+}
+
+// Assignments is what a supervised instance's own renewal stands on instead of its preparer's
+// scope: owner's platform supervisor assignment, read now, still assigned to instance iid and
+// lifecycle uid, its end not passed.
+type Assignments interface {
+	Vouch(ctx context.Context, owner, iid, uid string) error
+}
+
+// Supervision is what an operation runs under when a platform admin asks on an owner's behalf
+// (supervisor-authority, DESIGN §6.5). The admin's checks (its scope, the assignment, the
+// ended-assignment fence) are the supervisor's; the operation then needs no `supervise` of its
+// caller.
+type Supervision struct {
+	// By is the platform admin who asked: a supervised prepare's preparedBy.
+	By string
+	// Until is the assignment's end: a supervised prepare stamps it on the gate as
+	// supervisedUntil, and every credential is clamped to it.
+	Until time.Time
+	// Hook records the supervisor and executor generations between signing and committing.
+	Hook func(ctx context.Context, creds []issue.Credential) error
 }
 
 // Caller is the principal a request came from: the subject's last two tokens.
@@ -81,20 +105,37 @@ func (e *Engine) ServiceAuthority(ctx context.Context, caller Caller, about audi
 		return nil, about, fault.New(fault.PermissionDenied, "space %q is not this plane's space %q", req.Space, e.Space)
 	}
 	var reply any
-	switch req.Operation {
-	case OpPrepare:
-		reply, err = e.prepare(ctx, caller, req, about)
-	case OpActivate:
-		reply, err = e.activate(ctx, caller, req, about)
-	case OpRenewRunDriver:
+	if req.Operation == OpRenewRunDriver {
 		reply, err = e.renewRunDriver(ctx, caller, req, about)
-	default:
-		reply, err = e.renew(ctx, caller, req, about)
+	} else {
+		reply, err = e.operate(ctx, caller, req, about, nil)
 	}
 	if err != nil {
 		return nil, about, err
 	}
 	return reply, about, nil
+}
+
+// Supervised serves req, a parsed manager-service request (prepare, activate, renew or
+// renewStandingBundle), for owner's instance as the platform supervisor sup
+// (supervisor-authority): the operation's own checks, and then the mint, clamped to sup.Until
+// and staged through sup.Hook. Refusals as ServiceAuthority's.
+func (e *Engine) Supervised(ctx context.Context, owner string, sup *Supervision, req *Request, about audit.Request) (*client.Material, error) {
+	if req.Operation == OpRenewRunDriver {
+		return nil, fault.New(fault.PermissionDenied, "a platform supervisor may not ask for operation %s", req.Operation)
+	}
+	return e.operate(ctx, Caller{Owner: owner, Actor: req.Actor}, req, about, sup)
+}
+
+// operate runs req's operation for caller, under sup when a platform supervisor asks.
+func (e *Engine) operate(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	switch req.Operation {
+	case OpPrepare:
+		return e.prepare(ctx, caller, req, about, sup)
+	case OpActivate:
+		return e.activate(ctx, caller, req, about, sup)
+	}
+	return e.renew(ctx, caller, req, about, sup)
 }
 
 // requireSupervise refuses the caller unless its ledger row, read now, holds `supervise`.
@@ -146,18 +187,24 @@ func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error)
 // prepare creates the instance's gate open at epoch 0, or re-registers it (epoch and
 // registration revision + 1), and mints the supervisor and executor. The gate write is the
 // mint's commit: one CAS records the registration and fences the mint.
-func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller); err != nil {
+func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	preparedBy := caller.String()
+	if sup != nil {
+		preparedBy = sup.By
+	} else if err := e.requireSupervise(ctx, caller); err != nil {
 		return nil, err
 	}
 	g, err := e.observe(ctx, req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
+	if err := e.checkClaims(ctx, req.InstanceID, *req.Identities); err != nil {
+		return nil, err
+	}
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
-		PreparedBy:       caller.String(),
+		PreparedBy:       preparedBy,
 	}
 	var row gate.Row
 	var steps []issue.Step
@@ -178,7 +225,13 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		row.RegistrationRevision++
 		row.Registration = reg
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, row, append(steps, issue.Replaced(g, row)),
+	if sup != nil {
+		row.SupervisedUntil = sup.Until.Unix()
+	}
+	// The nkeys are claimed in the same commit, before the gate: each belongs to this
+	// instance for life.
+	steps = append(steps, e.claimKeys(req.InstanceID, *req.Identities), issue.Replaced(g, row))
+	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
@@ -230,9 +283,11 @@ func checkRegistration(g *gate.Gate, req *client.Envelope) error {
 
 // activate mints serve, goalWriter and sessionLedger for the registration prepare recorded,
 // against the registration proof, and returns the proof renewals need.
-func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	if err := e.requireSupervise(ctx, caller); err != nil {
-		return nil, err
+func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	if sup == nil {
+		if err := e.requireSupervise(ctx, caller); err != nil {
+			return nil, err
+		}
 	}
 	g, err := e.registered(ctx, req.InstanceID)
 	if err != nil {
@@ -247,7 +302,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)},
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup,
 		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
@@ -257,10 +312,11 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 }
 
 // renew serves renew (supervisor and executor) and renewStandingBundle (all five) for a
-// principal with `supervise`, or for the instance's own supervisor or executor, whose preparer
-// must still hold `supervise`.
-func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.Material, error) {
-	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope)
+// principal with `supervise`, a platform supervisor, or the instance's own supervisor or
+// executor, whose preparer must still hold `supervise` (on a supervised gate: whose assignment
+// must still stand).
+func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about audit.Request, sup *Supervision) (*client.Material, error) {
+	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope, sup)
 	if err != nil {
 		return nil, err
 	}
@@ -268,20 +324,25 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, duties...)
+	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup, duties...)
 }
 
 // mint issues duties of owner's instance through the pipeline, committing with steps (the
 // manager's gate last), and shapes the material. row is the gate row the material describes
-// (for prepare, the registration it writes). A supervised instance's every credential is
-// clamped to its assignment's end, and refused once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, duties ...subjects.Duty) (*client.Material, error) {
+// (for prepare, the registration it writes). A supervised instance's every credential, and
+// every credential a platform supervisor asks for, is clamped to its assignment's end, and
+// refused once that has passed.
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
 	if err != nil {
 		return nil, err
 	}
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(row, iid), Steps: steps})
+	plan := issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	if sup != nil {
+		plan.Hook = sup.Hook
+	}
+	issued, err := e.Pipeline.Issue(ctx, plan)
 	if err != nil {
 		return nil, err
 	}
@@ -321,12 +382,17 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string
 	return out, nil
 }
 
-// ceiling is what a supervised instance's every credential is clamped to: the end of the
-// platform supervisor assignment it was prepared under (DESIGN §6.5), whatever door or duty.
-func ceiling(row gate.Row, iid string) issue.Ceiling {
-	if row.SupervisedUntil == 0 {
+// ceiling is what a supervised instance's every credential is clamped to, whatever door or
+// duty: the end of the platform supervisor assignment it was prepared under (DESIGN §6.5), or
+// of the one a platform supervisor asks under now (sup), whichever comes first.
+func ceiling(row gate.Row, iid string, sup *Supervision) issue.Ceiling {
+	until := row.SupervisedUntil
+	if sup != nil && (until == 0 || sup.Until.Unix() < until) {
+		until = sup.Until.Unix()
+	}
+	if until == 0 {
 		return issue.Ceiling{}
 	}
-	return issue.Ceiling{At: time.Unix(row.SupervisedUntil, 0),
-		What: fmt.Sprintf("the platform supervisor assignment instance %s was prepared under", iid)}
+	return issue.Ceiling{At: time.Unix(until, 0),
+		What: fmt.Sprintf("the platform supervisor assignment of instance %s", iid)}
 }

@@ -29,7 +29,7 @@ func instancesOf(kv fence.KV, owner string) *fence.Fence[instances] {
 		if err := body.Decode(data, &r); err != nil {
 			return instances{}, err
 		}
-		if r.V != 1 || r.Owner != owner || !slices.IsSorted(r.IDs) {
+		if r.V != 1 || r.Owner != owner || r.IDs == nil || !slices.IsSorted(r.IDs) { // a nil list could not be written back
 			return instances{}, errors.New("not a version 1 sorted list of this owner")
 		}
 		return r, nil

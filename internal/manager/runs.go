@@ -38,7 +38,7 @@ func (e *Engine) Admit(ctx context.Context, caller Caller, about audit.Request, 
 
 func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmission) (*client.AdmissionReply, error) {
 	iid, runID, subject := req.InstanceID, req.Run.RunID, req.Run.Subject
-	if _, err := e.authorizeCurrent(ctx, caller, &req.Envelope); err != nil {
+	if _, err := e.authorizeCurrent(ctx, caller, &req.Envelope, nil); err != nil {
 		return nil, err
 	}
 	if err := e.refuseRevoked(ctx, runID); err != nil {
@@ -119,7 +119,7 @@ func (e *Engine) Attempt(ctx context.Context, caller Caller, about audit.Request
 
 func (e *Engine) attempt(ctx context.Context, caller Caller, req *client.RunAttempt, about audit.Request) (*client.RunMaterial, error) {
 	a, iid := req.Attempt, req.InstanceID
-	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope)
+	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +155,7 @@ func (e *Engine) attempt(ctx context.Context, caller Caller, req *client.RunAtte
 // renewRunDriver serves renewRunDriver: a manager that holds a run's fence (holdsRunFence)
 // renews its driver and mediator, committing on the gate and then the run fence as read.
 func (e *Engine) renewRunDriver(ctx context.Context, caller Caller, req *Request, about audit.Request) (*client.RunMaterial, error) {
-	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope)
+	g, err := e.authorizeCurrent(ctx, caller, &req.Envelope, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	if err != nil {
 		return nil, err
 	}
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID),
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
 		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ package space
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -14,11 +15,14 @@ import (
 )
 
 // DataPolicy is what the running plane sets on the data account beyond what the material
-// says: its limits (and, as the supervisor's end lands, its revocations).
+// says: its limits and its revocations.
 type DataPolicy struct {
 	// MaxConnections bounds the account's connections, the plane's own serving ones included;
 	// 0 leaves them unbounded.
 	MaxConnections int64
+	// Revocations revokes each user nkey's credentials issued at or before its time (unix
+	// seconds): the supervisor ends' revocation set.
+	Revocations map[string]int64
 }
 
 // ErrNoOperatorSigner means the operator signing key is kept elsewhere: the plane cannot
@@ -49,10 +53,53 @@ func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
 	if p.MaxConnections > 0 {
 		data.Limits.Conn = p.MaxConnections
 	}
+	for key, at := range p.Revocations {
+		data.RevokeAt(key, time.Unix(at, 0))
+	}
 	for _, subj := range subjects.RunStartExports(m.Space) {
 		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})
 	}
+	// Auditors live here too: they reach the plane account's minted and audit streams only
+	// through these imports, so every answer comes back to them, never into a stream.
+	for _, r := range subjects.AuditorReads(m.Space) {
+		data.Imports.Add(&jwt.Import{Name: "auditor", Subject: jwt.Subject(r.Remote), LocalSubject: jwt.RenamingSubject(r.Local),
+			Account: m.Plane.Public(), Type: jwt.Service})
+	}
 	return data
+}
+
+// PlaneAccountJWT signs the plane account's claims with the operator signing key, for the
+// broker's resolver: a start pushes it, so a space whose material predates an export gets it.
+func (m *Keys) PlaneAccountJWT() (string, error) {
+	if m.OperatorSigner == nil {
+		return "", ErrNoOperatorSigner
+	}
+	token, err := m.planeClaims().Encode(m.OperatorSigner)
+	if err != nil {
+		return "", fmt.Errorf("sign %s account JWT: %w", m.Plane.Name, err)
+	}
+	return token, nil
+}
+
+// planeClaims are the plane account's claims: the plane's private state, with JetStream; it
+// imports the run-starts for the witness and exports the read API of the minted and audit
+// streams to the data account's auditors.
+func (m *Keys) planeClaims() *jwt.AccountClaims {
+	plane := jwt.NewAccountClaims(m.Plane.Public())
+	plane.Name = m.Plane.Name
+	plane.SigningKeys.Add(mustPublic(m.Plane.Signer))
+	plane.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	for _, subj := range subjects.RunStartExports(m.Space) {
+		plane.Imports.Add(&jwt.Import{Name: "run-start", Subject: jwt.Subject(subj), Account: m.Data.Public(), Type: jwt.Stream})
+	}
+	for _, r := range subjects.AuditorReads(m.Space) {
+		e := &jwt.Export{Name: "auditor", Subject: jwt.Subject(r.Remote), Type: jwt.Service, ResponseType: jwt.ResponseTypeSingleton}
+		if r.Stream {
+			e.ResponseType = jwt.ResponseTypeStream
+		}
+		plane.Exports.Add(e)
+	}
+	return plane
 }
 
 // signJWTs issues the operator and account JWTs (DESIGN §3).
@@ -81,13 +128,7 @@ func (m *Keys) signJWTs() error {
 
 	data := m.dataClaims(DataPolicy{})
 
-	plane := jwt.NewAccountClaims(m.Plane.Public())
-	plane.Name = m.Plane.Name
-	plane.SigningKeys.Add(mustPublic(m.Plane.Signer))
-	plane.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
-	for _, subj := range subjects.RunStartExports(m.Space) {
-		plane.Imports.Add(&jwt.Import{Name: "run-start", Subject: jwt.Subject(subj), Account: dataPub, Type: jwt.Stream})
-	}
+	plane := m.planeClaims()
 
 	callout := jwt.NewAccountClaims(m.Callout.Public())
 	callout.Name = m.Callout.Name

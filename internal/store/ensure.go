@@ -35,11 +35,21 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 	name := spec.Config.Name
 	s, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		if _, err := js.CreateStream(ctx, spec.Config); err != nil {
-			return fmt.Errorf("create stream %s: %w", name, err)
+		_, cerr := js.CreateStream(ctx, spec.Config)
+		if cerr == nil {
+			log.Debug("created stream", "stream", name)
+			return nil
 		}
-		log.Debug("created stream", "stream", name)
-		return nil
+		// Another start may be creating it at this moment (replicas started at once): what
+		// exists now is checked like any stream that existed; a server that failed to create
+		// its store mid-race is asked again.
+		if s, err = js.Stream(ctx, name); err != nil {
+			var apiErr *jetstream.APIError
+			if errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeCreateStoreFailed {
+				cerr = fmt.Errorf("%w: %w", errCreateRaced, cerr)
+			}
+			return fmt.Errorf("create stream %s: %w", name, cerr)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("read stream %s: %w", name, err)
@@ -111,6 +121,13 @@ func joinDiffs(d []string) string {
 	return out
 }
 
+// codeCreateStoreFailed is JetStream's "error creating store for stream", which two creations of
+// one stream at the same moment can give.
+const codeCreateStoreFailed = 10049
+
+// errCreateRaced marks a creation that may have lost a race with another: retried.
+var errCreateRaced = errors.New("stream creation raced")
+
 // permanentError stops retry: retrying cannot fix it.
 type permanentError struct{ error }
 
@@ -142,7 +159,7 @@ func retry(ctx context.Context, log *slog.Logger, fn func(context.Context) error
 // Transient reports whether err may succeed when retried: timeouts, no responders, a
 // JetStream that is not ready yet, a leader change.
 func Transient(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, errCreateRaced) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) {
 		return true

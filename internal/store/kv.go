@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -102,6 +103,12 @@ func (k *KV) classify(op, key string, err error) error {
 	return fmt.Errorf("%s %s/%s: %w", op, k.bucket, key, Classify(err))
 }
 
+// Errors counts the JetStream errors Classify has mapped in this process, by class: what the
+// plane's metrics export.
+var Errors struct {
+	CASLost, Full, UnknownOutcome, Refused atomic.Int64
+}
+
 // Classify maps a JetStream call's error to what a writer can act on: ErrCASLost and ErrFull
 // are the server's definite answers; another JetStream API error (but a 503, which a leader
 // change gives) is the server's definite refusal, returned as it is; anything else (a timeout,
@@ -111,14 +118,19 @@ func Classify(err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+		Errors.CASLost.Add(1)
 		return fmt.Errorf("%w: %w", ErrCASLost, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStoreFailed && strings.Contains(apiErr.Description, "maximum bytes"):
+		Errors.Full.Add(1)
 		return fmt.Errorf("%w: %w", ErrFull, err)
 	case errors.As(err, &apiErr) && apiErr.ErrorCode == codeStoreFailed && strings.Contains(apiErr.Description, "per subject"):
+		Errors.CASLost.Add(1)
 		return fmt.Errorf("%w: %w", ErrCASLost, err) // a write-once key already holds its value
 	case errors.As(err, &apiErr) && apiErr.Code != 503:
+		Errors.Refused.Add(1)
 		return err
 	}
+	Errors.UnknownOutcome.Add(1)
 	return fmt.Errorf("%w: %w", ErrUnknownOutcome, err)
 }
 

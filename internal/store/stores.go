@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -104,6 +106,29 @@ func (s *Stores) Witnessed(ctx context.Context, subject string) (bool, error) {
 		return false, Classify(err)
 	}
 	return true, nil
+}
+
+// MintedKeys lists the public keys of instance iid's `minted` records, sorted: every key a
+// credential was minted for on that instance within the minted stream's age (the source a
+// supervisor end revokes from). The stream keeps one record per key.
+func (s *Stores) MintedKeys(ctx context.Context, iid string) ([]string, error) {
+	st, err := s.js.Stream(ctx, subjects.MintedStream(s.Space))
+	if err != nil {
+		return nil, fmt.Errorf("minted stream: %w", Classify(err))
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedInstanceFilter(s.Space, iid)))
+	if err != nil {
+		return nil, fmt.Errorf("minted records of instance %s: %w", iid, Classify(err))
+	}
+	prefix := strings.TrimSuffix(subjects.MintedInstanceFilter(s.Space, iid), ">")
+	keys := []string{}
+	for subject := range info.State.Subjects {
+		if key, ok := strings.CutPrefix(subject, prefix); ok && subjects.ValidUserNKey(key) {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys, nil
 }
 
 // OpenBucket opens one existing bucket without ensuring anything: for tools that connect to a

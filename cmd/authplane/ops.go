@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"time"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/service"
+)
+
+// identityCmd runs `authplane identity migrate`: the plane's file identity moves into the
+// space's secrets bucket under --instance-name, and the file is removed.
+func identityCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "migrate" {
+		fmt.Fprintf(stderr, "usage: authplane identity migrate --dir D --instance-name N [--space-dir S] [--nats-url URL]\n")
+		return errUsage
+	}
+	fs := flag.NewFlagSet("identity migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	l := locateFlags(fs)
+	name := fs.String("instance-name", "", "the name the identity is stored under: serve later with --identity-store kv --instance-name <this>")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	m, url, err := located(l)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := admin.MigrateIdentity(ctx, m, url, l.Dir, *name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "moved instance %s into the store as %q and removed its file; serve with --identity-store kv --instance-name %s\n",
+		id.InstanceID, *name, *name)
+	return nil
+}
+
+// versionCmd prints the release, the module version and the VCS revision the binary was built
+// from.
+func versionCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		bi = nil
+	}
+	fmt.Fprint(stdout, versionText(bi))
+	return nil
+}
+
+// versionText is what `authplane version` prints for build info bi (nil when the binary
+// carries none).
+func versionText(bi *debug.BuildInfo) string {
+	module, revision, modified := "unknown", "unknown", false
+	if bi != nil {
+		module = bi.Main.Version
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				revision = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	text := fmt.Sprintf("authplane %s\n  module   %s\n  revision %s\n", service.Version, module, revision)
+	if modified {
+		text += "  (built from a tree with uncommitted changes)\n"
+	}
+	return text
+}

@@ -1,0 +1,310 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// auditorConn connects to p's broker with an auditor credential (`authplane creds --role
+// auditor`) as the README says to use it: its inbox prefix, and JetStream through the
+// auditor's API prefix. errs collects the connection's asynchronous errors.
+func auditorConn(t testing.TB, url, creds string, errs *asyncErrors) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.CustomInboxPrefix(subjects.AuditorInboxPrefix),
+		nats.MaxReconnects(0), errs.option())
+	if err != nil {
+		t.Fatalf("connect as an auditor: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.NewWithAPIPrefix(nc, subjects.AuditorAPIPrefix(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// seedRecords leaves a refused record (a prepare without scope, by ownerB) and minted records
+// (a prepare with scope, by ownerA) in p's streams, and returns the prepared instance.
+func seedRecords(t testing.TB, p *testPlane) string {
+	t.Helper()
+	m := newManagerKeys(t)
+	if o := ask(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", subjects.EndpointManagerAuthority, m.body(t, "prepare", "cli")); o.code != "permission-denied" {
+		t.Fatalf("a prepare without scope: got %q %q, want permission-denied", o.code, o.message)
+	}
+	grant(t, p, ownerA, "cli", "supervise")
+	mustMint(t, callerConn(t, p, ownerA, "cli"), ownerA, "cli", m.body(t, "prepare", "cli"))
+	return m.iid
+}
+
+// readAll reads every message of stream whose subject matches filter with an ordered consumer.
+func readAll(t testing.TB, js jetstream.JetStream, stream, filter string) []jetstream.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		t.Fatalf("ordered consumer on %s: %v", stream, err)
+	}
+	var out []jetstream.Msg
+	for {
+		batch, err := c.FetchNoWait(100)
+		if err != nil {
+			t.Fatalf("fetch from %s: %v", stream, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatalf("fetch from %s: %v", stream, err)
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func TestAuditorReadsTheAuditAndMintedStreams(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	iid := seedRecords(t, p)
+	_, js := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), &asyncErrors{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	audit, err := js.Stream(ctx, subjects.AuditStream(testSpace))
+	if err != nil {
+		t.Fatalf("stream info of the audit stream: %v", err)
+	}
+	if n := audit.CachedInfo().State.Msgs; n == 0 {
+		t.Fatalf("the audit stream: got %d records, want the refusal", n)
+	}
+	first, err := audit.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatalf("get audit record 1: %v", err)
+	}
+	refused := readAll(t, js, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "refused", ownerB, "cli"))
+	if len(refused) != 1 || !strings.Contains(string(refused[0].Data()), `"code":"permission-denied"`) {
+		t.Fatalf("ownerB's refused records: got %d, want the one permission-denied", len(refused))
+	}
+	if string(first.Data) != string(refused[0].Data()) {
+		t.Errorf("record 1 by get: %s; by the consumer: %s; want the same record", first.Data, refused[0].Data())
+	}
+
+	minted, err := js.Stream(ctx, subjects.MintedStream(testSpace))
+	if err != nil {
+		t.Fatalf("stream info of the minted stream: %v", err)
+	}
+	mints := readAll(t, js, subjects.MintedStream(testSpace), subjects.MintedStreamSubjects(testSpace))
+	if len(mints) != 2 {
+		t.Fatalf("minted records: got %d, want the prepare's supervisor and executor", len(mints))
+	}
+	last, err := minted.GetLastMsgForSubject(ctx, mints[1].Subject())
+	if err != nil {
+		t.Fatalf("get the last mint of %s: %v", mints[1].Subject(), err)
+	}
+	var rec struct {
+		NKey, Duty, Caller string
+	}
+	if err := json.Unmarshal(last.Data, &rec); err != nil || !strings.HasPrefix(last.Subject, "cotal.default.minted."+iid+".") ||
+		rec.Caller != subjects.Principal(ownerA, "cli") || rec.NKey == "" {
+		t.Errorf("the last mint: %s %s, want a record of instance %s for %s", last.Subject, last.Data, iid, subjects.Principal(ownerA, "cli"))
+	}
+}
+
+// writeAuditorCreds writes an auditor credential for p's space, valid for an hour.
+func writeAuditorCreds(t testing.TB, p *testPlane) string {
+	t.Helper()
+	return writeCreds(t, p.Keys(), admin.RoleAuditor, "", "")
+}
+
+// auditedPlane starts a plane with records in both streams and connects an auditor to it.
+func auditedPlane(t *testing.T) (*testPlane, *nats.Conn, jetstream.JetStream, *asyncErrors) {
+	t.Helper()
+	p := startPlane(t, nil)
+	seedRecords(t, p)
+	errs := &asyncErrors{}
+	nc, js := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), errs)
+	return p, nc, js, errs
+}
+
+func TestAuditorGetsAPermissionsViolationForAnythingButReading(t *testing.T) {
+	t.Parallel()
+	p, nc, js, errs := auditedPlane(t)
+	audit, minted := subjects.AuditStream(testSpace), subjects.MintedStream(testSpace)
+	api := subjects.AuditorAPIPrefix(testSpace)
+	secrets, fences := "KV_"+subjects.SecretsBucket(testSpace), "KV_"+subjects.AuthBucket(testSpace)
+	before := streamStates(t, p)
+
+	var forbidden []string
+	for _, st := range []string{audit, minted} {
+		for _, verb := range []string{"STREAM.MSG.DELETE.", "STREAM.PURGE.", "STREAM.DELETE.", "STREAM.UPDATE.", "DIRECT.GET."} {
+			forbidden = append(forbidden, api+"."+verb+st, "$JS.API."+verb+st)
+		}
+	}
+	forbidden = append(forbidden,
+		"cotal.default.audit.refused."+ownerA+".cli", "cotal.default.minted.x.y", // a publish into either stream
+		api+".STREAM.INFO."+secrets, api+".STREAM.MSG.GET."+secrets, api+".CONSUMER.CREATE."+secrets+".x", api+".STREAM.MSG.GET."+fences,
+		"$JS.API.STREAM.MSG.GET."+secrets, "$JS.API.DIRECT.GET."+secrets, "$JS.API.STREAM.INFO."+fences,
+		"$KV."+subjects.SecretsBucket(testSpace)+"."+subjects.IdentityKey("x"), "$KV."+subjects.AuthBucket(testSpace)+".epgate.auth.x",
+		api+".STREAM.CREATE.EVIL", api+".STREAM.NAMES", api+".INFO", "$JS.API.INFO",
+	)
+	for _, subject := range forbidden {
+		t.Run(subject, func(t *testing.T) {
+			if err := nc.Publish(subject, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			errs.waitViolation(t, "Publish", subject)
+		})
+	}
+	t.Run("a subscription outside its inbox", func(t *testing.T) {
+		for _, subject := range []string{"_INBOX.>", subjects.InboxPrefix(ownerA, "cli") + ".>", "cotal.default.audit.>"} {
+			if _, err := nc.SubscribeSync(subject); err != nil {
+				t.Fatal(err)
+			}
+			errs.waitViolation(t, "Subscription", subject)
+		}
+	})
+	t.Run("the client's delete and purge calls fail", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		st, err := js.Stream(ctx, audit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.DeleteMsg(ctx, 1); err == nil {
+			t.Error("DeleteMsg: got success, want a refusal")
+		}
+		if err := st.Purge(ctx); err == nil {
+			t.Error("Purge: got success, want a refusal")
+		}
+	})
+	if after := streamStates(t, p); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("the plane's streams changed: got %v, want %v", after, before)
+	}
+}
+
+// streamStates is the message count and last sequence of every stream of p's plane account.
+func streamStates(t testing.TB, p *testPlane) map[string][2]uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := map[string][2]uint64{}
+	l := p.JS(t).ListStreams(ctx)
+	for info := range l.Info() {
+		out[info.Config.Name] = [2]uint64{info.State.Msgs, info.State.LastSeq}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// NATS does not check a request's reply subject, and a JetStream API answer is published with
+// the rights of the account that serves it. An auditor's answers cross back through the data
+// account's imports, where no stream can store them: aimed at a bucket's key, an answer and a
+// push consumer's deliveries write nothing.
+func TestAuditorCannotWriteThroughAReplySubjectOrAPushConsumer(t *testing.T) {
+	t.Parallel()
+	p, nc, _, errs := auditedPlane(t)
+	audit := subjects.AuditStream(testSpace)
+	api := subjects.AuditorAPIPrefix(testSpace)
+	key := "$KV." + subjects.AuthBucket(testSpace) + ".epgate.auth.evil"
+	before := streamStates(t, p)
+
+	if err := nc.PublishRequest(api+".STREAM.INFO."+audit, key, nil); err != nil {
+		t.Fatal(err)
+	}
+	push, err := json.Marshal(map[string]any{"stream_name": audit, "config": map[string]any{
+		"name": "evil", "deliver_subject": key, "deliver_policy": "all", "ack_policy": "none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := nc.Request(api+".CONSUMER.CREATE."+audit+".evil", push, 5*time.Second)
+	if err != nil {
+		t.Fatalf("create a push consumer: %v", err)
+	}
+	if !strings.Contains(string(reply.Data), `"deliver_subject":"`+key+`"`) {
+		t.Fatalf("create a push consumer: got %s", reply.Data)
+	}
+	// A round trip through the same imports after both: the answer aimed at the key has been
+	// published by now, and the consumer has had its chance to deliver.
+	for range 3 {
+		if _, err := nc.Request(api+".STREAM.INFO."+audit, nil, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := nc.Request(api+".CONSUMER.INFO."+audit+".evil", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ci jetstream.ConsumerInfo
+	if err := json.Unmarshal(raw.Data, &ci); err != nil || ci.NumPending+ci.Delivered.Stream == 0 {
+		t.Fatalf("the push consumer: got %s, want records it had to deliver", raw.Data)
+	}
+	if _, err := fenceEntry(t, p, "epgate.auth.evil"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the fence bucket's epgate.auth.evil: got %v, want nothing written there", err)
+	}
+	if after := streamStates(t, p); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("the plane's streams changed: got %v, want %v", after, before)
+	}
+	if all := errs.all(); len(all) != 0 {
+		t.Errorf("async errors: %v, want none (everything here was allowed, and wrote nothing)", all)
+	}
+}
+
+// Why the auditor is not a plane-account user: there, a user that may publish only one stream's
+// info request writes a fence through the reply subject it chooses. If a broker upgrade makes
+// this fail, the auditor could live in the plane account after all.
+func TestAPlaneAccountUserThatMayOnlyReadStreamInfoWritesAFenceThroughItsReply(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	m := p.Keys()
+	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp := mustKey(t)
+	pub := pubOf(t, kp)
+	info := "$JS.API.STREAM.INFO." + subjects.AuditStream(testSpace)
+	token, err := iss.Sign(mint.User{Name: "test.reader", Key: pub, Expires: time.Now().Add(time.Hour),
+		Permissions: subjects.Permissions{Pub: []string{info}, Sub: []string{"_INBOX.reader.>"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.NATSURL(), nats.UserJWTAndSeed(token, string(seed)), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if err := nc.PublishRequest(info, "$KV."+subjects.AuthBucket(testSpace)+".epgate.auth.evil", nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		m, err := fenceEntry(t, p, "epgate.auth.evil")
+		if err != nil {
+			return fmt.Errorf("epgate.auth.evil: %w, want the stream info answer written there", err)
+		}
+		if !strings.Contains(string(m.Data), "stream_info_response") {
+			return fmt.Errorf("epgate.auth.evil holds %s, want the stream info answer", m.Data)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,312 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Hostile callers of the HTTP faces: forged and foreign tokens presented as IdP tokens, a flood
+// of unknown kids, a body that trickles, and more requests than the public face holds.
+
+// Every forged or foreign token is refused as an IdP token by both doors that take one, 401
+// unauthenticated with no bearer and no credential, although its subject holds a row with
+// `supervise` (a forgery that passed would mint); the genuine token then works on both.
+func TestHostileIdPTokensAreRefusedByBothDoors(t *testing.T) {
+	t.Parallel()
+	f := startFaces(t, func(c *service.Config) { c.TrustedProxy = true })
+	owner := humanOwner(t, f.testPlane, f.ip, "someone") // the forgeries' subject
+	grant(t, f.testPlane, owner, "cli", "supervise")
+	genuine := f.token(t, "someone", time.Hour)
+	planeBearer := exchange(t, f.PublicURL(), map[string]any{"idpToken": genuine, "actor": "cli"}).Token
+
+	creds, err := os.ReadFile(writeCallerCreds(t, f.Keys(), owner, "cli"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsJWT, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := idptest.New(t) // another IdP's key, under this IdP's kid, issuer and audience
+	claims := f.ip.Claims("someone", time.Hour)
+	forgeries := append(f.ip.Forgeries(t),
+		idptest.Forgery{Name: "a plane bearer", Token: planeBearer},
+		idptest.Forgery{Name: "a NATS user JWT", Token: natsJWT},
+		idptest.Forgery{Name: "another IdP's key under this IdP's kid", Token: other.Sign(t, claims, map[string]any{"kid": f.ip.KID})},
+		idptest.Forgery{Name: "an x5c header", Token: f.ip.Sign(t, claims, map[string]any{"kid": f.ip.KID, "x5c": []string{"MIIBfake"}})},
+		idptest.Forgery{Name: "a crit header", Token: f.ip.Sign(t, claims, map[string]any{"kid": f.ip.KID, "crit": []string{"exp"}})},
+		idptest.Forgery{Name: "an empty token", Token: ""},
+	)
+	if len(forgeries) > 250 {
+		t.Fatal("too many forgeries for one peer each")
+	}
+	minted := lastSeq(t, f.testPlane, subjects.MintedStream(testSpace))
+	for i, fg := range forgeries {
+		// Each forgery from its own peer, so no answer is the throttle's 429.
+		peer := fmt.Sprintf("192.0.2.%d", i+1)
+		r := post(t, f.PublicURL()+"/exchange", map[string]any{"idpToken": fg.Token, "actor": "cli"}, "X-Forwarded-For", peer)
+		refused(t, fg.Name+" at /exchange", r, 401, "unauthenticated")
+		r = post(t, f.PublicURL()+"/manager-service-authority", map[string]any{"idpToken": fg.Token, "request": newManagerKeys(t).body(t, "prepare", "cli")}, "X-Forwarded-For", peer)
+		refused(t, fg.Name+" at /manager-service-authority", r, 401, "unauthenticated")
+		if msg := r.field("error"); !strings.HasPrefix(msg, "the IdP token is refused") || (len(fg.Token) > 16 && strings.Contains(msg, fg.Token[:16])) {
+			t.Errorf("%s: got %q, want the IdP check's refusal, never echoing the token", fg.Name, msg)
+		}
+	}
+	if after := lastSeq(t, f.testPlane, subjects.MintedStream(testSpace)); after != minted {
+		t.Fatalf("the forgeries minted (%d → %d)", minted, after)
+	}
+	// The genuine token works on both doors: the refusals were the tokens'.
+	if e := exchange(t, f.PublicURL(), map[string]any{"idpToken": genuine, "actor": "cli"}); e.Owner != owner {
+		t.Errorf("the genuine token: got owner %s, want %s", e.Owner, owner)
+	}
+	if r := post(t, f.PublicURL()+"/manager-service-authority", map[string]any{"idpToken": genuine, "request": newManagerKeys(t).body(t, "prepare", "cli")}); r.Status != http.StatusOK {
+		t.Errorf("the genuine token's prepare: got %d %s, want 200", r.Status, r.Body)
+	}
+}
+
+// oneShot is a client whose every request has its own connection, closed after it: a burst
+// of concurrent requests leaves no spare connection open (a connection that never carried a
+// request would hold the plane's shutdown up).
+var oneShot = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+// postQuiet posts body as JSON to url from any goroutine: the status and code, or an error.
+func postQuiet(url string, body any, headers ...string) (int, string, error) {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return 0, "", err
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(data))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := oneShot.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, "", err
+	}
+	var m struct {
+		Code  string `json:"code"`
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return resp.StatusCode, "", fmt.Errorf("%d %q: %w", resp.StatusCode, raw, err)
+	}
+	if m.Token != "" {
+		return resp.StatusCode, m.Code, fmt.Errorf("a bearer was issued: %s", raw)
+	}
+	return resp.StatusCode, m.Code, nil
+}
+
+// randomKid is a kid no key set has.
+func randomKid(t testing.TB) string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// A flood of tokens under unknown kids, signed with the IdP's own key and sent at once, is
+// refused without a flood of JWKS fetches: at most one refetch per refresh interval. Once the
+// interval has passed (on the plane's clock) an unknown kid refetches once, and the genuine
+// token works throughout.
+func TestAnUnknownKidFloodFetchesTheIdPKeySetOnce(t *testing.T) {
+	t.Parallel()
+	f := startFaces(t, func(c *service.Config) { c.TrustedProxy = true })
+	owner := humanOwner(t, f.testPlane, f.ip, "kate")
+	grant(t, f.testPlane, owner, "cli")
+	good := map[string]any{"idpToken": f.token(t, "kate", time.Hour), "actor": "cli"}
+	exchange(t, f.PublicURL(), good) // the first token fetches the key set
+	if n := f.ip.Fetches.Load(); n != 1 {
+		t.Fatalf("the first exchange fetched the key set %d times, want once", n)
+	}
+
+	const flood = 50
+	tokens := make([]string, flood)
+	for i := range tokens {
+		tokens[i] = f.ip.Sign(t, f.ip.Claims("kate", time.Hour), map[string]any{"kid": randomKid(t)})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, flood)
+	for i, tok := range tokens {
+		wg.Go(func() {
+			status, code, err := postQuiet(f.PublicURL()+"/exchange", map[string]any{"idpToken": tok, "actor": "cli"}, "X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1))
+			if err == nil && (status != 401 || code != "unauthenticated") {
+				err = fmt.Errorf("got %d %s, want 401 unauthenticated", status, code)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("unknown kid %d: %w", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := f.ip.Fetches.Load(); n > 2 {
+		t.Fatalf("%d tokens under unknown kids fetched the key set %d times, want at most 2", flood, n)
+	}
+	exchange(t, f.PublicURL(), good)
+
+	before := f.ip.Fetches.Load()
+	f.clock.advance(11 * time.Second)
+	for i := range 2 {
+		r := post(t, f.PublicURL()+"/exchange", map[string]any{"idpToken": f.ip.Sign(t, f.ip.Claims("kate", time.Hour), map[string]any{"kid": randomKid(t)}), "actor": "cli"})
+		refused(t, "an unknown kid past the interval", r, 401, "unauthenticated")
+		if n := f.ip.Fetches.Load(); n != before+1 {
+			t.Fatalf("unknown kid %d past the refresh interval: %d fetches, want %d (one refetch, then none)", i, n, before+1)
+		}
+	}
+	exchange(t, f.PublicURL(), good)
+}
+
+// A public request whose body trickles in slower than the deadline is answered 503 when the
+// deadline passes, however often a byte arrives: the deadline is on the whole request, not on
+// each read.
+func TestASlowPublicBodyIsCutAtTheDeadline(t *testing.T) {
+	t.Parallel()
+	f := startFaces(t, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.PublicURL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	if _, err := io.WriteString(conn, "POST /exchange HTTP/1.1\r\nHost: mesh\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := conn.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	if err := conn.SetReadDeadline(time.Now().Add(handlers.PublicDeadline + 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("after %s: %v, want a 503", elapsed, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused(t, "a trickling body", reply{Status: resp.StatusCode, Header: resp.Header, Body: raw}, 503, "unavailable")
+	if !strings.Contains(string(raw), "request deadline exceeded") || elapsed < handlers.PublicDeadline-time.Second || elapsed > handlers.PublicDeadline+3*time.Second {
+		t.Errorf("a trickling body: got %s after %s, want the deadline's refusal after %s", raw, elapsed, handlers.PublicDeadline)
+	}
+}
+
+// holdPublic opens a public /exchange request that waits on its body, and returns once the
+// door is reading it (the server's 100 Continue says so): it holds one of the face's slots
+// until the connection closes or the deadline passes.
+func holdPublic(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, "POST /exchange HTTP/1.1\r\nHost: mesh\r\nContent-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("a held request: got %q (%v), want 100 Continue", line, err)
+	}
+	if _, err := io.WriteString(c, "{"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// The public face holds at most 64 requests at once: with 64 waiting on their bodies, any
+// further request is 503 busy, whatever its route (the loopback face is not capped); released,
+// the slots return.
+func TestThePublicFaceCapsRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	f := startFaces(t, nil)
+	owner := humanOwner(t, f.testPlane, f.ip, "liam")
+	grant(t, f.testPlane, owner, "cli")
+	good := map[string]any{"idpToken": f.token(t, "liam", time.Hour), "actor": "cli"}
+	addr := strings.TrimPrefix(f.PublicURL(), "http://")
+	var held []net.Conn
+	for range handlers.PublicMaxInFlight {
+		held = append(held, holdPublic(t, addr))
+	}
+	busy := func(r reply) error {
+		if r.Status != http.StatusServiceUnavailable || r.code() != "unavailable" || r.field("error") != "busy - retry shortly" {
+			return fmt.Errorf("got %d %s, want 503 busy", r.Status, r.Body)
+		}
+		return nil
+	}
+	for what, r := range map[string]reply{
+		"a valid exchange": post(t, f.PublicURL()+"/exchange", good),
+		"the bundle":       get(t, f.PublicURL()+"/.well-known/cotal-mesh"),
+		"health":           get(t, f.PublicURL()+"/health"),
+		"an unknown path":  get(t, f.PublicURL()+"/nope"),
+	} {
+		if err := busy(r); err != nil {
+			t.Errorf("%s past the cap: %v", what, err)
+		}
+	}
+	exchange(t, f.HTTPURL(), good, f.cap...)
+
+	// Released (their clients gone), the slots come back.
+	for _, c := range held {
+		c.Close()
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if r := get(t, f.PublicURL()+"/health"); r.Status != http.StatusOK {
+			return fmt.Errorf("after releasing: got %d %s, want 200", r.Status, r.Body)
+		}
+		return nil
+	})
+	exchange(t, f.PublicURL(), good)
+}

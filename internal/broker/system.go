@@ -1,0 +1,154 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Account is one account as every server of a cluster holds it, reached through a
+// system-account user's connection: its JWT pushed to every server's resolver, read back from
+// each, and its connections listed on each. The same requests serve the embedded server, a
+// cluster of one.
+type Account struct {
+	NC *nats.Conn
+	// Public is the account's public key.
+	Public string
+}
+
+// Push sends the account JWT token to every server (PushAccount).
+func (a Account) Push(ctx context.Context, token string) error {
+	return PushAccount(ctx, a.NC, a.Public, token)
+}
+
+// Lookup returns the account JWT each of the cluster's n servers' resolvers holds, and fails
+// unless all of them answered before ctx ended.
+func (a Account) Lookup(ctx context.Context, n int) ([]string, error) {
+	replies, err := gather(ctx, a.NC, subjects.AccountClaimsLookup(a.Public), nil, n)
+	if err != nil {
+		return nil, fmt.Errorf("look up account %s: %w", a.Public, err)
+	}
+	tokens := make([]string, 0, len(replies))
+	for _, r := range replies {
+		if len(r) == 0 {
+			return nil, fmt.Errorf("look up account %s: a server's resolver does not hold it", a.Public)
+		}
+		tokens = append(tokens, string(r))
+	}
+	return tokens, nil
+}
+
+// Connections counts the account's open connections authenticated as user nkey on the
+// cluster's n servers, and fails unless all of them answered before ctx ended.
+func (a Account) Connections(ctx context.Context, nkey string, n int) (int, error) {
+	req, err := json.Marshal(map[string]any{"user": nkey, "auth": true, "limit": 1024})
+	if err != nil {
+		return 0, err
+	}
+	replies, err := gather(ctx, a.NC, subjects.AccountConnz(a.Public), req, n)
+	if err != nil {
+		return 0, fmt.Errorf("list the connections of account %s: %w", a.Public, err)
+	}
+	total := 0
+	for _, r := range replies {
+		var resp struct {
+			Data *struct {
+				Conns []struct {
+					AuthorizedUser string `json:"authorized_user"`
+				} `json:"connections"`
+			} `json:"data"`
+			Error *struct {
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(r, &resp); err != nil {
+			return 0, fmt.Errorf("list the connections of account %s: answer %q: %w", a.Public, r, err)
+		}
+		if resp.Error != nil || resp.Data == nil {
+			return 0, fmt.Errorf("list the connections of account %s: %s", a.Public, r)
+		}
+		for _, c := range resp.Data.Conns {
+			if c.AuthorizedUser == nkey {
+				total++
+			}
+		}
+	}
+	return total, nil
+}
+
+// Servers counts the servers of the cluster: every server answers a ping, and each answer
+// names the servers it has routes to, so the count is known once every server named answered.
+func (a Account) Servers(ctx context.Context) (int, error) {
+	answered, named := map[string]bool{}, map[string]bool{}
+	err := ask(ctx, a.NC, subjects.ServerPing, nil, func(data []byte) (bool, error) {
+		var stats struct {
+			Server struct {
+				Name string `json:"name"`
+			} `json:"server"`
+			Stats struct {
+				Routes []struct {
+					Name string `json:"name"`
+				} `json:"routes"`
+			} `json:"statsz"`
+		}
+		if err := json.Unmarshal(data, &stats); err != nil || stats.Server.Name == "" {
+			return false, fmt.Errorf("an answer %q does not name its server", data)
+		}
+		answered[stats.Server.Name], named[stats.Server.Name] = true, true
+		for _, r := range stats.Stats.Routes {
+			if r.Name != "" {
+				named[r.Name] = true
+			}
+		}
+		return len(answered) == len(named), nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count the servers (%d of %d answered): %w", len(answered), len(named), err)
+	}
+	return len(answered), nil
+}
+
+// gather sends a request on subject and collects n answers, or fails when ctx ends first.
+func gather(ctx context.Context, nc *nats.Conn, subject string, data []byte, n int) ([][]byte, error) {
+	var out [][]byte
+	err := ask(ctx, nc, subject, data, func(answer []byte) (bool, error) {
+		out = append(out, answer)
+		return len(out) >= n, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%d of %d servers answered: %w", len(out), n, err)
+	}
+	return out, nil
+}
+
+// ask sends a request on subject to every server and hands each answer to take, until take
+// has what it needs (or refuses an answer), or ctx ends.
+func ask(ctx context.Context, nc *nats.Conn, subject string, data []byte, take func([]byte) (bool, error)) (err error) {
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := sub.Unsubscribe(); err == nil && uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
+			err = uerr
+		}
+	}()
+	if err := nc.PublishRequest(subject, inbox, data); err != nil {
+		return err
+	}
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return err
+		}
+		if done, err := take(msg.Data); done || err != nil {
+			return err
+		}
+	}
+}

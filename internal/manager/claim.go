@@ -1,0 +1,78 @@
+package manager
+
+import (
+	"context"
+	"errors"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// claim is `nkey.<pub>` in the fence bucket: the instance a user nkey belongs to, for life
+// (DESIGN §6.2). An end revokes by nkey; without the claim one owner could register another
+// owner's public nkeys, and ending the first instance would revoke the second's credentials.
+type claim struct {
+	V          int    `json:"v"`
+	NKey       string `json:"nkey"`
+	InstanceID string `json:"instanceId"`
+}
+
+func claimOf(kv fence.KV, nkey string) *fence.Fence[claim] {
+	return fence.New(kv, subjects.NKeyClaimKey(nkey), func(data []byte) (claim, error) {
+		var c claim
+		if err := body.Decode(data, &c); err != nil {
+			return claim{}, err
+		}
+		if c.V != 1 || c.NKey != nkey || !subjects.ValidUID(c.InstanceID) {
+			return claim{}, errors.New("not a version 1 claim on this nkey")
+		}
+		return c, nil
+	}, nil)
+}
+
+// claimedElsewhere is the refusal of an identity another instance claimed first.
+func claimedElsewhere(d subjects.Duty, nkey string) *fault.Error {
+	return fault.New(fault.AlreadyExists, "identities.%s: nkey %s belongs to another manager instance; an nkey serves one instance for life, so generate a fresh one", d, nkey)
+}
+
+// checkClaims refuses, before anything is signed, identities another instance has claimed.
+// The commit claims them (claimKeys): this read only spares a doomed mint.
+func (e *Engine) checkClaims(ctx context.Context, iid string, ids client.Identities) error {
+	for _, d := range subjects.StandingDuties {
+		o, err := claimOf(e.Gates, ids.Of(d)).Observe(ctx)
+		if err != nil {
+			return fault.Store(err, "reading the claim on identities.%s", d)
+		}
+		if !o.Absent() && o.Row.InstanceID != iid {
+			return claimedElsewhere(d, ids.Of(d))
+		}
+	}
+	return nil
+}
+
+// claimKeys is the commit step that claims each identity for iid, create-only; a claim iid
+// holds already stands, and one another instance holds refuses the commit (already-exists).
+func (e *Engine) claimKeys(iid string, ids client.Identities) issue.Step {
+	return issue.Step{Fence: "the claims on its identities", Commit: func(ctx context.Context) (uint64, error) {
+		for _, d := range subjects.StandingDuties {
+			nkey := ids.Of(d)
+			_, err := claimOf(e.Gates, nkey).Update(ctx, func(cur *fence.Observed[claim]) (claim, error) {
+				switch {
+				case cur.Absent():
+					return claim{V: 1, NKey: nkey, InstanceID: iid}, nil
+				case cur.Row.InstanceID == iid:
+					return claim{}, fence.ErrKeep
+				}
+				return claim{}, claimedElsewhere(d, nkey)
+			})
+			if err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil // five keys: no one revision
+	}}
+}

@@ -1,0 +1,138 @@
+// Package metrics is what the plane exports to Prometheus on its loopback face (`GET
+// /metrics`): every call by endpoint, kind and code with its latency, the credentials issued
+// and the mints discarded, the fence writers' CAS retries, the store's errors by class, the
+// plane's epoch and fenced state, and its connections' reconnects. Each plane has its own
+// registry; every label takes its values from a closed set (endpoints, known kinds, refusal
+// codes, duties, connection roles), never from what a caller sent.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/store"
+)
+
+// CodeOK is the code label of a call that was served.
+const CodeOK = "ok"
+
+// Metrics are one plane's. A nil *Metrics counts nothing.
+type Metrics struct {
+	reg        *prometheus.Registry
+	requests   *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	issued     *prometheus.CounterVec
+	discarded  *prometheus.CounterVec
+	reconnects *prometheus.CounterVec
+}
+
+// New registers the plane's metrics; epoch and fenced report its process epoch and whether it
+// was fenced by a newer instance.
+func New(epoch func() uint64, fenced func() bool) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_requests_total",
+			Help: "Calls answered, by endpoint, kind and code (ok, or the refusal's code).",
+		}, []string{"endpoint", "kind", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "authplane_request_duration_seconds",
+			Help:    "Time from a call passing the rate limit to its answer, by endpoint.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"endpoint"}),
+		issued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_credentials_issued_total",
+			Help: "Credentials whose mint committed, by endpoint and duty.",
+		}, []string{"endpoint", "duty"}),
+		discarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_mints_discarded_total",
+			Help: "Mints signed and recorded that did not commit, by endpoint and code.",
+		}, []string{"endpoint", "code"}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_nats_reconnects_total",
+			Help: "Reconnections of the plane's own NATS connections, by role.",
+		}, []string{"conn"}),
+	}
+	kvErrors := func(class string, n func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "authplane_kv_errors_total",
+			Help:        "Errors of the store's JetStream calls in this process, by class.",
+			ConstLabels: prometheus.Labels{"class": class},
+		}, func() float64 { return float64(n()) })
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "authplane_cas_retries_total",
+			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
+		}, func() float64 { return float64(fence.Retries.Load()) }),
+		kvErrors("cas_lost", store.Errors.CASLost.Load),
+		kvErrors("full", store.Errors.Full.Load),
+		kvErrors("unknown_outcome", store.Errors.UnknownOutcome.Load),
+		kvErrors("refused", store.Errors.Refused.Load),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "authplane_process_epoch",
+			Help: "The process epoch this plane registered at start.",
+		}, func() float64 { return float64(epoch()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "authplane_fenced",
+			Help: "1 once a newer registration of this plane's instance fenced it.",
+		}, func() float64 {
+			if fenced() {
+				return 1
+			}
+			return 0
+		}),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Served counts a call answered with code (CodeOK when served) after took.
+func (m *Metrics) Served(endpoint, kind, code string, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
+}
+
+// Refused counts a call refused before it could be timed (throttled, or refused by an HTTP
+// door before its caller was known).
+func (m *Metrics) Refused(endpoint, kind, code string) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+}
+
+// Issued counts one committed credential of duty.
+func (m *Metrics) Issued(endpoint, duty string) {
+	if m != nil {
+		m.issued.WithLabelValues(endpoint, duty).Inc()
+	}
+}
+
+// Discarded counts one mint that did not commit.
+func (m *Metrics) Discarded(endpoint, code string) {
+	if m != nil {
+		m.discarded.WithLabelValues(endpoint, code).Inc()
+	}
+}
+
+// Reconnected counts one reconnection of the plane's connection of role conn.
+func (m *Metrics) Reconnected(conn string) {
+	if m != nil {
+		m.reconnects.WithLabelValues(conn).Inc()
+	}
+}

@@ -1,0 +1,61 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// racingJS is a JetStream where another start creates the stream at the moment this one does:
+// its create fails as the server answers a creation it lost the race to, and the stream exists
+// afterwards (or, with exists false, not yet).
+type racingJS struct {
+	jetstream.JetStream
+	spec    Spec
+	exists  bool
+	reads   int
+	creates int
+}
+
+func (r *racingJS) Stream(context.Context, string) (jetstream.Stream, error) {
+	r.reads++
+	if r.reads == 1 || !r.exists {
+		return nil, jetstream.ErrStreamNotFound
+	}
+	return existing{info: &jetstream.StreamInfo{Config: r.spec.Config}}, nil
+}
+
+func (r *racingJS) CreateStream(context.Context, jetstream.StreamConfig) (jetstream.Stream, error) {
+	r.creates++
+	return nil, &jetstream.APIError{Code: 500, ErrorCode: codeCreateStoreFailed, Description: "error creating store for stream"}
+}
+
+// existing is a stream as read: its info.
+type existing struct {
+	jetstream.Stream
+	info *jetstream.StreamInfo
+}
+
+func (e existing) CachedInfo() *jetstream.StreamInfo { return e.info }
+
+func TestEnsureChecksAStreamAnotherStartCreatedFirst(t *testing.T) {
+	spec := specNamed(t, "KV_cotal_auth_default", Options{})
+	log := slog.New(slog.DiscardHandler)
+
+	js := &racingJS{spec: spec, exists: true}
+	if err := ensureOne(context.Background(), js, spec, log); err != nil {
+		t.Fatalf("a creation lost to another start: got %v, want the stream it made checked and accepted", err)
+	}
+
+	js = &racingJS{spec: spec}
+	err := ensureOne(context.Background(), js, spec, log)
+	if err == nil || !Transient(err) {
+		t.Fatalf("a creation that failed with no stream to show for it: got %v, want an error to retry", err)
+	}
+	if !errors.Is(err, errCreateRaced) || js.creates != 1 {
+		t.Errorf("got %v after %d creates, want one create, marked raced", err, js.creates)
+	}
+}

@@ -1,0 +1,7 @@
+// Package supervisor is the platform supervisor (DESIGN §6.5): a platform admin runs a manager
+// on an owner's behalf under an assignment with an end. It owns the assignment row, the issued
+// evidence and write-once accepted rows of the supervisor and executor generations, the
+// ended-assignment fence, supervisor-end's five steps, and the data account's revocation set
+// that the end adds to and every start re-applies at the broker. Issuance itself is the
+// manager engine's operations run under a Supervision, through the one pipeline.
+package supervisor
