@@ -198,6 +198,7 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 			rev = now.Revision // unchanged: another mint's commit, or nothing landed
 			if !retried {
 				retried = true
+				Retries.Add(1)
 				continue
 			}
 		}
