@@ -74,11 +74,13 @@ type docRun struct {
 	started []*process
 	results []natsResult
 	last    natsResult
-	// got is the latest curl's answer, out the latest authplane command's output.
-	got reply
-	out string
-	ctx context.Context
-	n   int
+	// got is the latest curl's answer, curls every curl's, out the latest authplane command's
+	// output.
+	got   reply
+	curls []reply
+	out   string
+	ctx   context.Context
+	n     int
 }
 
 func newDocRun(t *testing.T) *docRun {
@@ -150,6 +152,7 @@ func (r *docRun) run(line string) {
 			}
 			return nil
 		})
+		r.curls = append(r.curls, r.got)
 	case name == "kill" && len(args) > 1 && args[0] == "-TERM":
 		for _, job := range args[1:] {
 			stop, ok := r.jobs[job]

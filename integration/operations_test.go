@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -214,13 +215,32 @@ func (g *guideChecks) planesMoved() {
 	}
 }
 
-// metricsRead: the scrape counted the guide's calls and says the replica's epoch.
+// metricsRead: each replica's scrape says its epoch, and the two together counted the guide's
+// calls (the queue group gives each call to either replica).
 func (g *guideChecks) metricsRead() {
-	body := string(g.r.got.Body)
-	for _, want := range []string{"authplane_requests_total{", "authplane_process_epoch 0", "authplane_fenced 0"} {
-		if !strings.Contains(body, want) {
-			g.r.t.Errorf("/metrics: want %q in:\n%s", want, body)
+	t := g.r.t
+	scrapes := g.r.curls[len(g.r.curls)-2:]
+	calls := 0.0
+	for _, scrape := range scrapes {
+		body := string(scrape.Body)
+		for _, want := range []string{"authplane_process_epoch 0", "authplane_fenced 0"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics: want %q in:\n%s", want, body)
+			}
 		}
+		for _, line := range strings.Split(body, "\n") {
+			if !strings.HasPrefix(line, "authplane_requests_total{") {
+				continue
+			}
+			n, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("/metrics: %q: %v", line, err)
+			}
+			calls += n
+		}
+	}
+	if calls < 1 {
+		t.Errorf("/metrics: the two replicas counted %v calls, want the guide's revocation at least", calls)
 	}
 }
 
