@@ -3,10 +3,9 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -35,16 +34,8 @@ func TestARevocationSetLargerThanARequestBodyStillTakesKeys(t *testing.T) {
 	r := &Revocations{Gates: gates, Account: testKey, Broker: noBroker{}, Now: func() time.Time { return time.Unix(1_800_000_000, 0) },
 		Sign: func(map[string]int64) (string, error) { return "", space.ErrNoOperatorSigner }}
 	var keys []string
-	for range 1200 {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, pub)
+	for i := range 1200 {
+		keys = append(keys, fmt.Sprintf("U%055d", i)) // as long as a user nkey
 	}
 	for i := 0; i < len(keys); i += 5 { // one end's five keys at a time
 		applied, err := r.Apply(ctx(t), keys[i:i+5], false)
