@@ -70,7 +70,7 @@ func TestRenewalsSurviveLosingANodeAndTheMetaLeader(t *testing.T) {
 	observer := newClusterObserver(t, c)
 	grant(t, planes[1], ownerA, "cli", "supervise")
 
-	l := newNodeLossLoad(t, c, planes[1].Account())
+	l := newNodeLossLoad(t, c)
 	const renewers = 4
 	for i := range renewers {
 		l.startRenewer(t, i)
@@ -152,10 +152,11 @@ type receivedKey struct {
 // nodeLossLoad is the load: renewers and a registrar, each on its own connection, every
 // request recorded.
 type nodeLossLoad struct {
-	c       *cluster
-	account string
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	c    *cluster
+	stop chan struct{}
+	wg   sync.WaitGroup
+	// clients close once every requester has stopped.
+	clients []*client.Client
 
 	mu       sync.Mutex
 	requests []loadRequest
@@ -168,14 +169,14 @@ type nodeLossLoad struct {
 	end   loadEvent
 }
 
-func newNodeLossLoad(t *testing.T, c *cluster, account string) *nodeLossLoad {
-	l := &nodeLossLoad{c: c, account: account, stop: make(chan struct{}), received: map[string]receivedKey{}}
+func newNodeLossLoad(t *testing.T, c *cluster) *nodeLossLoad {
+	l := &nodeLossLoad{c: c, stop: make(chan struct{}), received: map[string]receivedKey{}}
 	t.Cleanup(l.finish)
 	return l
 }
 
 // connect connects as principal owner.actor to every server of the cluster, reconnecting for
-// as long as it takes.
+// as long as it takes, until finish.
 func (l *nodeLossLoad) connect(t *testing.T, actor string, auth nats.Option) *client.Client {
 	t.Helper()
 	cl, err := client.Connect(l.c.URLs(), testSpace, ownerA, actor, auth,
@@ -183,7 +184,9 @@ func (l *nodeLossLoad) connect(t *testing.T, actor string, auth nats.Option) *cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cl.Close)
+	l.mu.Lock()
+	l.clients = append(l.clients, cl)
+	l.mu.Unlock()
 	return cl
 }
 
@@ -367,6 +370,9 @@ func (l *nodeLossLoad) finish() {
 	l.mu.Unlock()
 	close(l.stop)
 	l.wg.Wait()
+	for _, cl := range l.clients {
+		cl.Close()
+	}
 }
 
 // nodeLossServed is how many requests sent after an event every requester must have had
@@ -382,10 +388,11 @@ func (l *nodeLossLoad) waitServedAfter(t *testing.T, at time.Time) {
 		defer l.mu.Unlock()
 		served := map[string]int{}
 		for _, r := range l.requests {
-			served[r.who] += 0
+			n := served[r.who]
 			if r.code == "" && !r.okSent.Before(at) {
-				served[r.who]++
+				n++
 			}
+			served[r.who] = n
 		}
 		if len(served) == 0 {
 			return errors.New("no request yet")
