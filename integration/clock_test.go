@@ -25,13 +25,7 @@ func TestNoCredentialLeavesWhoseExpiryPassedWhileItWasMinted(t *testing.T) {
 		c.Now = clock.now
 		c.Hooks = &service.Hooks{BeforeCommit: func() { clock.advance(time.Duration(step.Swap(0))) }}
 	})
-	grant(t, p, ownerA, "cli", "supervise")
-	cli := callerConn(t, p, ownerA, "cli")
-	m := newManagerKeys(t)
-	_, act := registered(t, cli, ownerA, "cli", m)
-	renew := func() map[string]any {
-		return renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, p.Account(), 0)
-	}
+	r := newRegisteredManager(t, p)
 	wantLive := func(what string, mat material) {
 		t.Helper()
 		if len(mat.Credentials) != 2 {
@@ -53,10 +47,10 @@ func TestNoCredentialLeavesWhoseExpiryPassedWhileItWasMinted(t *testing.T) {
 		{"five minutes, the executor's life", 5 * time.Minute, false},
 		{"a day and an hour, past the supervisor's", 25 * time.Hour, false},
 	} {
-		body := renew()
+		body := r.renewal(t, "renew")
 		before := storeSeqs(t, p).except(subjects.MintedStream(testSpace))
 		step.Store(int64(tt.step))
-		o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, body)
+		o := ask(t, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, body)
 		if tt.issued {
 			if o.code != "" {
 				t.Fatalf("%s: got %s %q, want the credentials", tt.name, o.code, o.message)
@@ -71,7 +65,7 @@ func TestNoCredentialLeavesWhoseExpiryPassedWhileItWasMinted(t *testing.T) {
 		if d := lastDecision(t, p, "discarded", ownerA, "cli"); d.RequestID != body["requestId"] || d.Code != "unavailable" {
 			t.Errorf("%s: got discarded record %+v, want request %s discarded unavailable", tt.name, d, body["requestId"])
 		}
-		wantLive(tt.name+", then a renewal on the new time", mustMint(t, cli, ownerA, "cli", renew()))
+		wantLive(tt.name+", then a renewal on the new time", mustMint(t, r.cli, ownerA, "cli", r.renewal(t, "renew")))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/service"
@@ -29,20 +30,15 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 		cfg.NATSURL = c.URL(0)
 		cfg.RequestTimeout = deadline
 	})
-	grant(t, p, ownerA, "cli", "supervise")
-	cli := callerConn(t, p, ownerA, "cli")
-	m := newManagerKeys(t)
-	_, act := registered(t, cli, ownerA, "cli", m)
-	renew := func() map[string]any {
-		return renewal(m.body(t, "renew", "cli"), act.NextRegistrationProof, p.Account(), 0)
-	}
+	r := newRegisteredManager(t, p)
+
 	before := storeSeqs(t, p)
-	refused := renew()
+	refused := r.renewal(t, "renew")
 
 	c.stop(t, 1)
 	c.stop(t, 2)
 	sent := time.Now()
-	o := askWithin(3*deadline, cli, ownerA, "cli", subjects.EndpointManagerAuthority, refused)
+	o := askWithin(3*deadline, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, refused)
 	took := time.Since(sent)
 	if o.code != "unavailable" || o.numeric != 503 || len(o.material.Credentials) != 0 {
 		t.Errorf("a renewal with no KV leader: got %q (%d) %q with %d credentials, want unavailable and none", o.code, o.numeric, o.message, len(o.material.Credentials))
@@ -67,12 +63,34 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 		}
 	}
 	checkFor(t, 20*time.Second, 100*time.Millisecond, func() error {
-		o := askWithin(3*deadline, cli, ownerA, "cli", subjects.EndpointManagerAuthority, renew())
+		o := askWithin(3*deadline, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, r.renewal(t, "renew"))
 		if o.code != "" || len(o.material.Credentials) != 2 {
 			return fmt.Errorf("a renewal once the servers are back: got %q %q, want two credentials", o.code, o.message)
 		}
 		return nil
 	})
+}
+
+// registeredManager is a manager registered on a plane by ownerA.cli, granted supervise, and
+// that caller's connection.
+type registeredManager struct {
+	p   *testPlane
+	cli *nats.Conn
+	m   *managerKeys
+	act material
+}
+
+func newRegisteredManager(t testing.TB, p *testPlane) *registeredManager {
+	t.Helper()
+	grant(t, p, ownerA, "cli", "supervise")
+	r := &registeredManager{p: p, cli: callerConn(t, p, ownerA, "cli"), m: newManagerKeys(t)}
+	_, r.act = registered(t, r.cli, ownerA, "cli", r.m)
+	return r
+}
+
+// renewal is a fresh renewal body of operation op, sent by ownerA.cli.
+func (r *registeredManager) renewal(t testing.TB, op string) map[string]any {
+	return renewal(r.m.body(t, op, "cli"), r.act.NextRegistrationProof, r.p.Account(), 0)
 }
 
 // mintedSince reads every `minted` record after sequence seq.
@@ -111,10 +129,7 @@ func mintedSince(t testing.TB, p *testPlane, seq uint64) []mintedRecord {
 func TestAFullMintedStreamRefusesTheMintAndReturnsNothing(t *testing.T) {
 	t.Parallel()
 	p := startPlane(t, func(c *service.Config) { c.MintedBytes = 1 << 20 })
-	grant(t, p, ownerA, "cli", "supervise")
-	cli := callerConn(t, p, ownerA, "cli")
-	m := newManagerKeys(t)
-	_, act := registered(t, cli, ownerA, "cli", m)
+	r := newRegisteredManager(t, p)
 	fillMinted(t, p)
 
 	fresh := newManagerKeys(t)
@@ -123,11 +138,11 @@ func TestAFullMintedStreamRefusesTheMintAndReturnsNothing(t *testing.T) {
 		body  map[string]any
 		creds int
 	}{
-		{"a renewal", renewal(m.body(t, "renewStandingBundle", "cli"), act.NextRegistrationProof, p.Account(), 0), 5},
+		{"a renewal", r.renewal(t, "renewStandingBundle"), 5},
 		{"a first registration", fresh.body(t, "prepare", "cli"), 2},
 	} {
 		before := storeSeqs(t, p)
-		o := ask(t, cli, ownerA, "cli", subjects.EndpointManagerAuthority, tt.body)
+		o := ask(t, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, tt.body)
 		if o.code != "resource-exhausted" || o.numeric != 429 || len(o.material.Credentials) != 0 {
 			t.Errorf("%s with the minted stream full: got %q (%d) %q with %d credentials, want resource-exhausted and none",
 				tt.name, o.code, o.numeric, o.message, len(o.material.Credentials))

@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -635,15 +634,7 @@ type clusterObserver struct {
 
 func newClusterObserver(t *testing.T, c *cluster) *clusterObserver {
 	t.Helper()
-	nc, err := admin.ConnectPlaneAccount(c.material, c.URLs(), "observer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := planeConn(t, c.material, c.URLs())
 	o := &clusterObserver{js: js, once: storeSnapshot{}}
 	for _, spec := range store.Specs(testSpace, store.Options{}) {
 		if spec.Bucket != "" {
