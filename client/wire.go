@@ -104,6 +104,10 @@ type Material struct {
 	ManagerLifecycleUID   string `json:"managerLifecycleUid"`
 	AccountPublicKey      string `json:"accountPublicKey"`
 	ProcessEpoch          uint64 `json:"processEpoch"`
+	// GateRevision is the revision the instance's gate was at when these credentials committed
+	// on it (for prepare, the registration's own write): a credential is valid only if that
+	// commit landed, so every fence write that forbids it has a later revision.
+	GateRevision uint64 `json:"gateRevision"`
 }
 
 // Credential is one minted user JWT and its expiry (seconds).

@@ -44,25 +44,32 @@ type Ceiling struct {
 // before it landed.
 type Step struct {
 	// Fence names the fence (its key), for refusals and logs.
-	Fence  string
-	Commit func(ctx context.Context) error
+	Fence string
+	// Commit commits the mint on the fence and returns the revision the fence landed at (0 for
+	// a step over several keys, such as an instance's identity claims).
+	Commit func(ctx context.Context) (uint64, error)
 }
 
 // Unchanged is the step that commits on fence o exactly as it was observed before signing.
 func Unchanged[T any](o *fence.Observed[T]) Step {
-	return Step{Fence: o.Key(), Commit: func(ctx context.Context) error {
-		_, err := o.Commit(ctx)
-		return err
+	return Step{Fence: o.Key(), Commit: func(ctx context.Context) (uint64, error) {
+		return revision(o.Commit(ctx))
 	}}
 }
 
 // Replaced is the step that commits on fence o by writing next over the row observed before
 // signing (a registration that is itself the mint's commit).
 func Replaced[T any](o *fence.Observed[T], next T) Step {
-	return Step{Fence: o.Key(), Commit: func(ctx context.Context) error {
-		_, err := o.Write(ctx, next)
-		return err
+	return Step{Fence: o.Key(), Commit: func(ctx context.Context) (uint64, error) {
+		return revision(o.Write(ctx, next))
 	}}
+}
+
+func revision[T any](o *fence.Observed[T], err error) (uint64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return o.Revision, nil
 }
 
 // Plan is one mint.
@@ -95,6 +102,8 @@ func (c Credential) String() string { return fmt.Sprintf("%s %s exp %d", c.Duty,
 type Issued struct {
 	At          time.Time
 	Credentials []Credential
+	// Revisions are the revisions the plan's steps committed at, in plan order.
+	Revisions []uint64
 }
 
 // Earliest is the earliest expiry among the credentials, in seconds.
@@ -216,9 +225,11 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		return discard(refusal)
 	}
 	for _, s := range plan.Steps {
-		if err := s.Commit(work); err != nil {
+		rev, err := s.Commit(work)
+		if err != nil {
 			return discard(fault.Store(err, "committing the mint on %s", s.Fence))
 		}
+		out.Revisions = append(out.Revisions, rev)
 	}
 	if p.fenced() {
 		// Committed, and so valid, but a fenced plane answers nothing more (DESIGN §6.7): it is

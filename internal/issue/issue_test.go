@@ -158,7 +158,7 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 	plan := e.plan(t)
 	var mintedAtFirstCommit int
 	first := plan.Steps[0]
-	plan.Steps[0].Commit = func(c context.Context) error {
+	plan.Steps[0].Commit = func(c context.Context) (uint64, error) {
 		_, mintedAtFirstCommit = e.decisions(t)
 		return first.Commit(c)
 	}
@@ -183,6 +183,17 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 	}
 	if decided, _ := e.decisions(t); len(decided) != 0 {
 		t.Fatalf("got decisions %+v for a mint that committed, want none (its record is `minted`)", decided)
+	}
+	// Each step's revision is where its commit landed: the fence's revision now, past the one
+	// observed before signing.
+	for i, g := range []*gate.Gate{e.first, e.second} {
+		now, err := e.fences.Get(ctx(t), g.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Revisions) != 2 || got.Revisions[i] != now.Revision || now.Revision <= g.Revision {
+			t.Fatalf("step %d: got revisions %v, want the commit's revision %d (observed at %d)", i, got.Revisions, now.Revision, g.Revision)
+		}
 	}
 }
 
@@ -357,10 +368,10 @@ func TestAMintCommittedAsThePlaneWasFencedIsWithheldAndDiscarded(t *testing.T) {
 	e.p.Fenced = fenced.Load
 	plan := e.plan(t)
 	last := plan.Steps[1]
-	plan.Steps[1].Commit = func(c context.Context) error {
-		err := last.Commit(c)
+	plan.Steps[1].Commit = func(c context.Context) (uint64, error) {
+		rev, err := last.Commit(c)
 		fenced.Store(true) // the fence lands as the mint commits
-		return err
+		return rev, err
 	}
 	got, err := e.p.Issue(ctx(t), plan)
 	e.wantDiscarded(t, got, err, fault.Unavailable)

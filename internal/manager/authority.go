@@ -354,6 +354,7 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 		ExpiresAt:   issued.Earliest() * 1000,
 		RequestID:   req.RequestID, InstanceID: iid, ManagerLifecycleUID: req.ManagerLifecycleUID,
 		AccountPublicKey: e.Account, ProcessEpoch: row.ProcessEpoch,
+		GateRevision: issued.Revisions[len(issued.Revisions)-1],
 	}
 	for _, d := range subjects.StandingDuties {
 		m.Actors[string(d)] = subjects.DutyActor(d, iid, "")

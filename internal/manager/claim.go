@@ -57,7 +57,7 @@ func (e *Engine) checkClaims(ctx context.Context, iid string, ids client.Identit
 // claimKeys is the commit step that claims each identity for iid, create-only; a claim iid
 // holds already stands, and one another instance holds refuses the commit (already-exists).
 func (e *Engine) claimKeys(iid string, ids client.Identities) issue.Step {
-	return issue.Step{Fence: "the claims on its identities", Commit: func(ctx context.Context) error {
+	return issue.Step{Fence: "the claims on its identities", Commit: func(ctx context.Context) (uint64, error) {
 		for _, d := range subjects.StandingDuties {
 			nkey := ids.Of(d)
 			_, err := claimOf(e.Gates, nkey).Update(ctx, func(cur *fence.Observed[claim]) (claim, error) {
@@ -70,9 +70,9 @@ func (e *Engine) claimKeys(iid string, ids client.Identities) issue.Step {
 				return claim{}, claimedElsewhere(d, nkey)
 			})
 			if err != nil {
-				return err
+				return 0, err
 			}
 		}
-		return nil
+		return 0, nil // five keys: no one revision
 	}}
 }

@@ -66,8 +66,8 @@ func (e *Engine) checkQuota(ctx context.Context, owner string) error {
 // and each decides again on the list it reads.
 func (e *Engine) joinQuota(owner, iid string) issue.Step {
 	f := instancesOf(e.Gates, owner)
-	return issue.Step{Fence: f.Key(), Commit: func(ctx context.Context) error {
-		_, err := f.Update(ctx, func(cur *fence.Observed[instances]) (instances, error) {
+	return issue.Step{Fence: f.Key(), Commit: func(ctx context.Context) (uint64, error) {
+		o, err := f.Update(ctx, func(cur *fence.Observed[instances]) (instances, error) {
 			ids := cur.Row.IDs
 			if slices.Contains(ids, iid) {
 				return cur.Row, nil
@@ -86,7 +86,10 @@ func (e *Engine) joinQuota(owner, iid string) issue.Step {
 			slices.Sort(ids)
 			return instances{V: 1, Owner: owner, IDs: ids}, nil
 		})
-		return err
+		if err != nil {
+			return 0, err
+		}
+		return o.Revision, nil
 	}}
 }
 

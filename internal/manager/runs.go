@@ -211,18 +211,18 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	if err != nil {
 		return nil, err
 	}
-	var rev uint64
 	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
-		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next, &rev)}})
+		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err
 	}
 	m := &client.RunMaterial{V: 1, Kind: kind, Operation: op, Owner: owner, Actor: subjects.RunActor(held.RunID),
 		RequestID: env.RequestID, InstanceID: env.InstanceID, RunID: held.RunID, Credentials: map[string]client.Credential{},
-		IssuedAt: issued.At.UnixMilli(), ExpiresAt: issued.Earliest() * 1000, Hold: held.hold(), RunFenceRevision: rev}
+		IssuedAt: issued.At.UnixMilli(), ExpiresAt: issued.Earliest() * 1000, Hold: held.hold(), RunFenceRevision: issued.Revisions[1]}
 	for _, c := range issued.Credentials {
 		m.Credentials[string(c.Duty)] = client.Credential{JWT: c.JWT, Exp: c.Exp}
 	}
+	m.GateRevision = issued.Revisions[0] // the gate commits first, then the run fence
 	return m, nil
 }
 

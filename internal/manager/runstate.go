@@ -78,14 +78,14 @@ func revoked(runID string) *fault.Error {
 }
 
 // runFenceStep is the commit step of a run mint on the run fence observed before signing: a
-// rewrite as read (next nil) or a takeover (next set). It reports the revision it committed at
-// into *rev. A fence that moved because the run was revoked refuses permission-denied.
-func (e *Engine) runFenceStep(o *fence.Observed[runFence], next *runFence, rev *uint64) issue.Step {
+// rewrite as read (next nil) or a takeover (next set). A fence that moved because the run was
+// revoked refuses permission-denied.
+func (e *Engine) runFenceStep(o *fence.Observed[runFence], next *runFence) issue.Step {
 	runID := o.Row.RunID
 	if o.Absent() && next != nil {
 		runID = next.RunID
 	}
-	return issue.Step{Fence: subjects.RunFenceKey(runID), Commit: func(ctx context.Context) error {
+	return issue.Step{Fence: subjects.RunFenceKey(runID), Commit: func(ctx context.Context) (uint64, error) {
 		var done *fence.Observed[runFence]
 		var err error
 		if next != nil {
@@ -95,14 +95,13 @@ func (e *Engine) runFenceStep(o *fence.Observed[runFence], next *runFence, rev *
 		}
 		if errors.Is(err, fence.ErrMoved) {
 			if now, rerr := e.runFenceOf(runID).Observe(ctx); rerr == nil && now.Row.Revoked {
-				return revoked(runID)
+				return 0, revoked(runID)
 			}
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
-		*rev = done.Revision
-		return nil
+		return done.Revision, nil
 	}}
 }
 
