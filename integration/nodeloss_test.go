@@ -544,7 +544,7 @@ func (l *nodeLossLoad) report(t *testing.T) {
 			next.unknown-ev.unknown, next.retries-ev.retries, checkedLost, checkedDups, strings.Join(kinds, " "))
 	}
 	fmt.Fprintf(&b, "in all: %d fences lost, %d write-once rows written twice; credentials received for %d nkeys", lost, dups, len(l.received))
-	t.Log(b.String())
+	report(t, "%s", b.String())
 }
 
 // checkMinted checks that every nkey a client received a credential for has a `minted`
@@ -570,7 +570,7 @@ func (l *nodeLossLoad) checkMinted(t *testing.T, o *clusterObserver) {
 			t.Errorf("minted record of %s: got %+v (%v), want instance %s duty %s", nkey, rec, err, k.iid, k.duty)
 		}
 	}
-	t.Logf("minted records: %d of %d nkeys received, %d missing", len(l.received)-missing, len(l.received), missing)
+	report(t, "minted records: %d of %d nkeys received, %d missing", len(l.received)-missing, len(l.received), missing)
 }
 
 // planeConnsOn names the plane replicas' connections on s ("authplane <role> <instance>").

@@ -149,7 +149,7 @@ func TestReRegistrationRacingRenewalsFromTwoReplicasOrdersEveryCredential(t *tes
 		r.cur = act.Renewal()
 	}
 	r.inv.check(t)
-	t.Logf("%d rounds: renewals: %s; re-registrations: %s", rounds, &renewals, &prepares)
+	report(t, "%d rounds: renewals: %s; re-registrations: %s", rounds, &renewals, &prepares)
 	r.served()
 	if renewals.count("") == 0 || renewals.count(commitLost) == 0 {
 		t.Errorf("renewals: %s; want some issued and some lost at their commit: the test did not race", &renewals)
@@ -231,7 +231,7 @@ func TestGateCASContendedByTwoReplicasIssuesEveryRenewal(t *testing.T) {
 			t.Fatalf("round %d of %d failed", round+1, rounds)
 		}
 	}
-	t.Logf("%d rounds: renewals: %s; commits released in pairs: %d, %d of them across the replicas", rounds, &renewals, r.pairs.Load(), r.across.Load())
+	report(t, "%d rounds: renewals: %s; commits released in pairs: %d, %d of them across the replicas", rounds, &renewals, r.pairs.Load(), r.across.Load())
 	r.served()
 	if n := renewals.count(""); n != rounds*together {
 		t.Errorf("renewals: %s; want all %d issued", &renewals, rounds*together)

@@ -54,7 +54,7 @@ func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
 			t.Fatalf("round %d of %d failed", round+1, rounds)
 		}
 	}
-	t.Logf("%d rounds: driver renewals: %s; takeovers: %s", rounds, &renewals, &attempts)
+	report(t, "%d rounds: driver renewals: %s; takeovers: %s", rounds, &renewals, &attempts)
 	if renewals.count("") == 0 || renewals.count("permission-denied")+renewals.count(commitLost) == 0 {
 		t.Errorf("renewals %s, takeovers %s: the revoke never won or never lost; the test did not race", &renewals, &attempts)
 	}

@@ -213,7 +213,7 @@ func TestEndRacingSupervisorMintsAndSelfRenewalsLeavesNothingValid(t *testing.T)
 		}()
 	}
 	wg.Wait()
-	t.Logf("%d rounds: supervisor-authority renewals: %s; own renewals: %s", rounds, &w.authority, &w.own)
+	report(t, "%d rounds: supervisor-authority renewals: %s; own renewals: %s", rounds, &w.authority, &w.own)
 	// The race was run, not dodged: mints lost to a freeze at their commit (conflict; the
 	// checker would have caught one issued after it).
 	if w.authority.count(commitLost)+w.own.count(commitLost) == 0 && !t.Failed() {
