@@ -96,7 +96,9 @@ type RunMaterial struct {
 	IssuedAt    int64                 `json:"issuedAt"`  // milliseconds
 	ExpiresAt   int64                 `json:"expiresAt"` // milliseconds
 	Hold        RunHold               `json:"hold"`
-	// RunFenceRevision is the run fence's revision at the mint's commit.
+	// GateRevision and RunFenceRevision are the instance gate's and the run fence's revisions
+	// at the mint's commit (it commits on the gate first, then the run fence).
+	GateRevision     uint64 `json:"gateRevision"`
 	RunFenceRevision uint64 `json:"runFenceRevision"`
 }
 

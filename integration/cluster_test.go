@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -25,6 +26,8 @@ type cluster struct {
 	spaceDir string
 	confs    []string
 	servers  []*server.Server
+	// ports are the servers' client ports, kept across a stop and a start.
+	ports []int
 }
 
 // startCluster creates space material for spaceName and runs an n-node cluster from it, and
@@ -51,7 +54,9 @@ func startCluster(t testing.TB, spaceName string, n int) *cluster {
 		c.confs = append(c.confs, path)
 	}
 	for _, conf := range c.confs {
-		c.servers = append(c.servers, runServerConf(t, conf))
+		s := runServerConf(t, conf)
+		c.servers = append(c.servers, s)
+		c.ports = append(c.ports, s.Addr().(*net.TCPAddr).Port)
 	}
 	c.waitFormed(t)
 	return c
@@ -75,14 +80,14 @@ func freePorts(t testing.TB, n int) []int {
 // URLs is every server's client URL, comma-separated: what `--nats-url` takes.
 func (c *cluster) URLs() string {
 	var urls []string
-	for _, s := range c.servers {
-		urls = append(urls, s.ClientURL())
+	for i := range c.servers {
+		urls = append(urls, c.URL(i))
 	}
 	return strings.Join(urls, ",")
 }
 
-// URL is server i's client URL.
-func (c *cluster) URL(i int) string { return c.servers[i].ClientURL() }
+// URL is server i's client URL, whether it runs or not.
+func (c *cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.ports[i]) }
 
 // waitFormed waits until every server routes to every other and a meta leader is elected.
 func (c *cluster) waitFormed(t testing.TB) {
@@ -104,14 +109,103 @@ func (c *cluster) waitFormed(t testing.TB) {
 	})
 }
 
-// restart shuts server i down and runs it again from its configuration and store (a new
-// client port, the same route), and waits until the cluster has formed again.
+// restart shuts server i down and runs it again from its configuration and store, and waits
+// until the cluster has formed again.
 func (c *cluster) restart(t testing.TB, i int) {
+	t.Helper()
+	c.stop(t, i)
+	c.start(t, i)
+	c.waitFormed(t)
+}
+
+// stop shuts server i down, as an operator stops a node: its raft leaderships step down first.
+func (c *cluster) stop(t testing.TB, i int) {
 	t.Helper()
 	c.servers[i].Shutdown()
 	c.servers[i].WaitForShutdown()
-	c.servers[i] = runServerConf(t, c.confs[i])
-	c.waitFormed(t)
+}
+
+// start runs server i again from its configuration and store, on the client port it had
+// (every URL a client was given still reaches it) and the same route. It does not wait for the
+// cluster: waitFormed does.
+func (c *cluster) start(t testing.TB, i int) {
+	t.Helper()
+	c.servers[i] = runServerConfOn(t, c.confs[i], c.ports[i])
+}
+
+// running is the indexes of the servers that are not shut down.
+func (c *cluster) running() []int {
+	var up []int
+	for i, s := range c.servers {
+		if s.Running() {
+			up = append(up, i)
+		}
+	}
+	return up
+}
+
+// metaLeader is the index of the server that is the JetStream meta leader, or -1.
+func (c *cluster) metaLeader() int {
+	for _, i := range c.running() {
+		if c.servers[i].JetStreamIsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// planeStreams names every stream of the plane account.
+func (c *cluster) planeStreams() []string {
+	var streams []string
+	for _, spec := range store.Specs(c.material.Space, store.Options{}) {
+		streams = append(streams, spec.Config.Name)
+	}
+	return streams
+}
+
+// streamsLedBy names the plane's streams whose leader is server i.
+func (c *cluster) streamsLedBy(i int) []string {
+	var led []string
+	for _, name := range c.planeStreams() {
+		if c.servers[i].JetStreamIsStreamLeader(c.material.Plane.Public(), name) {
+			led = append(led, name)
+		}
+	}
+	return led
+}
+
+// waitCurrent waits until every running server is a current member of the meta group and a
+// current replica of every stream of the plane account, each stream with one leader: what a
+// stopped server must be before another may stop (R3 keeps quorum only with two current
+// replicas).
+func (c *cluster) waitCurrent(t testing.TB, within time.Duration) {
+	t.Helper()
+	account := c.material.Plane.Public()
+	streams := c.planeStreams()
+	checkFor(t, within, 50*time.Millisecond, func() error {
+		for _, i := range c.running() {
+			s := c.servers[i]
+			if !s.JetStreamIsCurrent() {
+				return fmt.Errorf("server %s is not a current member of the meta group", s.Name())
+			}
+		}
+		for _, name := range streams {
+			leaders := 0
+			for _, i := range c.running() {
+				s := c.servers[i]
+				if !s.JetStreamIsStreamCurrent(account, name) {
+					return fmt.Errorf("server %s is not a current replica of stream %s", s.Name(), name)
+				}
+				if s.JetStreamIsStreamLeader(account, name) {
+					leaders++
+				}
+			}
+			if leaders != 1 {
+				return fmt.Errorf("stream %s has %d leaders, want 1", name, leaders)
+			}
+		}
+		return nil
+	})
 }
 
 // againstCluster points a plane's configuration at c: no embedded broker, c's material, every

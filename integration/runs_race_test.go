@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"errors"
 	"sync"
 	"testing"
 
@@ -9,58 +8,56 @@ import (
 	"github.com/cotal-ai/authplane/service"
 )
 
-// Attempts and renewals of one run race a revoke, round after round: no credential comes back
-// whose run-fence commit came after the revocation's, and every refusal is one a manager can
-// act on.
+// Attempts and renewals of one run race a revoke, round after round, each round checked
+// against DESIGN §8 (invariants): no run credential comes back whose run-fence commit came
+// after the revocation's (or the takeover's, for the old hold's renewals), every one has its
+// `minted` record, and every refusal is one a manager can act on.
 func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
 	t.Parallel()
 	const rounds = 200
 	env := newRunEnv(t, startPlane(t, func(c *service.Config) { c.Rate = 0; c.Workers = 4 }))
 	owner := env.revoker(ownerA, "owner")
-	var before, after int
-	for range rounds {
+	inv := newInvariants(env.p)
+	var renewals, attempts tally
+	for round := range rounds {
 		rm, _, _ := env.running()
+		inv.runMaterial(t, rm, env.cur.Epoch)
 		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var minted []uint64
-		var revokedAt uint64
-		record := func(m *client.RunMaterial, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			var r *client.Refusal
-			switch {
-			case err == nil:
-				minted = append(minted, m.RunFenceRevision)
-			case !errors.As(err, &r) || (r.Code != "permission-denied" && r.Code != "conflict"):
+		record := func(of *tally, m *client.RunMaterial, err error) {
+			if of.of(err) {
+				inv.runMaterial(t, m, env.cur.Epoch)
+			} else if code := client.CodeOf(err); code != "permission-denied" && code != "conflict" {
 				t.Errorf("got %v, want credentials, or permission-denied or conflict", err)
 			}
 		}
 		for range 2 {
-			wg.Go(func() { record(env.renewDriver(rm.Hold)) })
+			wg.Go(func() {
+				m, err := env.renewDriver(rm.Hold)
+				record(&renewals, m, err)
+			})
 		}
-		wg.Go(func() { record(env.attempt(env.newTakeover(rm.RunID, 2, 2))) })
+		wg.Go(func() {
+			m, err := env.attempt(env.newTakeover(rm.RunID, 2, 2))
+			record(&attempts, m, err)
+		})
 		wg.Go(func() {
 			r, err := env.revoke(owner, rm.RunID, "race")
 			if err != nil {
 				t.Errorf("revoke: %v", err)
 				return
 			}
-			mu.Lock()
-			revokedAt = r.RunFenceRevision
-			mu.Unlock()
+			inv.revokedRun(r)
 		})
 		wg.Wait()
-		for _, rev := range minted {
-			if rev >= revokedAt {
-				t.Fatalf("a run credential committed at run-fence revision %d, at or after its revocation at %d", rev, revokedAt)
-			}
-			before++
-		}
-		if len(minted) < 3 {
-			after += 3 - len(minted)
+		inv.check(t)
+		if t.Failed() {
+			t.Fatalf("round %d of %d failed", round+1, rounds)
 		}
 	}
-	t.Logf("%d rounds: %d credentials committed before their revocation, %d refused", rounds, before, after)
+	report(t, "%d rounds: driver renewals: %s; takeovers: %s", rounds, &renewals, &attempts)
+	if renewals.count("") == 0 || renewals.count("permission-denied")+renewals.count(commitLost) == 0 {
+		t.Errorf("renewals %s, takeovers %s: the revoke never won or never lost; the test did not race", &renewals, &attempts)
+	}
 }
 
 // Two plane replicas on one broker serve admissions of the same witness: over 100 trials, one

@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -98,9 +100,11 @@ func runServer(t testing.TB, opts *server.Options, what string) *server.Server {
 		srv.ConfigureLogger()
 	}
 	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
+	// A restarted clustered server recovers its streams before it listens, which under -race
+	// on a loaded 2-core machine has taken over 10 s.
+	if !srv.ReadyForConnections(30 * time.Second) {
 		srv.Shutdown()
-		t.Fatalf("%s did not become ready", what)
+		t.Fatalf("%s did not become ready in 30 s%s", what, portInUse(opts.Port))
 	}
 	t.Cleanup(func() {
 		srv.Shutdown()
@@ -116,4 +120,18 @@ func againstStandalone(s *standalone) func(*service.Config) {
 		c.SpaceDir = s.spaceDir
 		c.Space = s.material.Space
 	}
+}
+
+// portInUse says whether port (when one was asked for) is held by another socket: a restart
+// on the port a server had can lose it to any socket the system handed it to meanwhile.
+func portInUse(port int) string {
+	if port <= 0 {
+		return ""
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Sprintf(" (its port %d is taken: %v)", port, err)
+	}
+	_ = l.Close()
+	return fmt.Sprintf(" (its port %d is free)", port)
 }

@@ -36,12 +36,12 @@ var ErrLocked = errors.New("state dir in use")
 // If another process holds it, the error names that process's pid.
 func Acquire(dir string) (*Lock, error) {
 	if err := files.EnsureDir(dir); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	path := filepath.Join(dir, "lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, files.Private)
 	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
+		return nil, fmt.Errorf("state dir %s cannot hold its lock: %w", dir, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder := "unknown"

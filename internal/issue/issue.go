@@ -148,11 +148,23 @@ type Pipeline struct {
 
 func (p *Pipeline) fenced() bool { return p.Fenced != nil && p.Fenced() }
 
-// Issue runs plan. It returns the signed credentials only if every fence step committed and
-// the plane was not fenced meanwhile; otherwise a refusal, with the mint recorded `discarded`
-// once it had been recorded `minted`. Every write stays within ctx's deadline: the work ends a
-// little before it, so the discard record still has time. A plan with no fence step is refused:
-// a credential that commits on nothing could outlive any fence.
+// expired refuses credentials the clock has reached the expiry of since they were signed (a
+// step of the wall clock, a stalled process): none leaves already expired. Nil if none has.
+func (p *Pipeline) expired(out *Issued) *fault.Error {
+	end := out.Earliest()
+	if end > p.Now().Unix() {
+		return nil
+	}
+	return fault.New(fault.Unavailable, "the clock passed a credential's expiry (%s) while it was minted; retry shortly",
+		time.Unix(end, 0).UTC().Format(time.RFC3339))
+}
+
+// Issue runs plan. It returns the signed credentials only if every fence step committed, the
+// plane was not fenced meanwhile, and the clock has not reached any of their expiries (it is
+// read again before the commits and after them); otherwise a refusal, with the mint recorded
+// `discarded` once it had been recorded `minted`. Every write stays within ctx's deadline: the
+// work ends a little before it, so the discard record still has time. A plan with no fence step
+// is refused: a credential that commits on nothing could outlive any fence.
 func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if len(plan.Steps) == 0 || len(plan.Grants) == 0 {
 		return nil, fault.New(fault.Internal, "a mint needs at least one grant and one fence to commit on")
@@ -211,6 +223,9 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if p.fenced() {
 		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance before the mint committed; retry shortly"))
 	}
+	if refusal := p.expired(out); refusal != nil {
+		return discard(refusal)
+	}
 	for _, s := range plan.Steps {
 		rev, err := s.Commit(work)
 		if err != nil {
@@ -222,6 +237,9 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		// Committed, and so valid, but a fenced plane answers nothing more (DESIGN §6.7): it is
 		// withheld, and the manager gets fresh credentials from the plane that fenced this one.
 		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance as the mint committed; retry shortly"))
+	}
+	if refusal := p.expired(out); refusal != nil {
+		return discard(refusal) // committed, but it would leave already expired
 	}
 	p.Audit.LogMinted(plan.Request, recorded)
 	return out, nil

@@ -184,6 +184,17 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 	if decided, _ := e.decisions(t); len(decided) != 0 {
 		t.Fatalf("got decisions %+v for a mint that committed, want none (its record is `minted`)", decided)
 	}
+	// Each step's revision is where its commit landed: the fence's revision now, past the one
+	// observed before signing.
+	for i, g := range []*gate.Gate{e.first, e.second} {
+		now, err := e.fences.Get(ctx(t), g.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Revisions) != 2 || got.Revisions[i] != now.Revision || now.Revision <= g.Revision {
+			t.Fatalf("step %d: got revisions %v, want the commit's revision %d (observed at %d)", i, got.Revisions, now.Revision, g.Revision)
+		}
+	}
 }
 
 func TestASecondFenceThatMovesAfterSigningDiscardsTheMintAndTheFirstCommitIsHarmless(t *testing.T) {

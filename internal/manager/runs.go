@@ -222,6 +222,7 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	for _, c := range issued.Credentials {
 		m.Credentials[string(c.Duty)] = client.Credential{JWT: c.JWT, Exp: c.Exp}
 	}
+	m.GateRevision = issued.Revisions[0] // the gate commits first, then the run fence
 	return m, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -99,6 +100,29 @@ type ownerSecret struct {
 
 // ErrNotFound means the directory holds no space material yet.
 var ErrNotFound = errors.New("no space material")
+
+// ErrExposed means a file of the material that holds a secret (a seed, the owner secret, the
+// bearer key) may be read or written by group or others: Load refuses it rather than use keys
+// the host shares, the way ssh refuses a private key.
+var ErrExposed = errors.New("group or others may read or write it")
+
+// readSecret reads the file name of dir, which holds a secret, and refuses it if its mode lets
+// group or others at it.
+func readSecret(dir, name string) ([]byte, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%s has mode %04o: %w; it holds a secret: chmod 600 it", name, perm, ErrExposed)
+	}
+	return io.ReadAll(f)
+}
 
 // LoadOrCreate loads the material in dir, or creates it for space when dir does not exist. It
 // reports whether it created the material.
@@ -276,7 +300,8 @@ func (m *Keys) seeds() map[string]nkeys.KeyPair {
 }
 
 // Load reads the material in dir and checks that every key matches the JWTs that name it.
-// Every missing or broken file is reported at once. The operator signing key may be absent.
+// Every missing, broken or exposed (ErrExposed) file is reported at once. The operator signing
+// key may be absent.
 func Load(dir string) (*Keys, error) {
 	descJSON, err := os.ReadFile(filepath.Join(dir, descriptorFile))
 	if errors.Is(err, os.ErrNotExist) {
@@ -292,7 +317,7 @@ func Load(dir string) (*Keys, error) {
 	m := &Keys{Space: desc.Space, Dir: dir, OperatorJWT: desc.Operator}
 	var problems []error
 	seed := func(name string, optional bool) nkeys.KeyPair {
-		raw, err := os.ReadFile(filepath.Join(dir, name))
+		raw, err := readSecret(dir, name)
 		if optional && errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
@@ -316,7 +341,7 @@ func Load(dir string) (*Keys, error) {
 	m.CalloutXKey = seed(calloutXKeyFile, false)
 	m.CalloutUser = seed(calloutUserSeedFile, false)
 
-	if raw, err := os.ReadFile(filepath.Join(dir, ownerSecretFile)); err != nil {
+	if raw, err := readSecret(dir, ownerSecretFile); err != nil {
 		problems = append(problems, err)
 	} else {
 		var s ownerSecret
@@ -326,7 +351,7 @@ func Load(dir string) (*Keys, error) {
 			problems = append(problems, fmt.Errorf("%s: secretB64 must be standard base64 of at least 32 bytes", ownerSecretFile))
 		}
 	}
-	if raw, err := os.ReadFile(filepath.Join(dir, bearerKeyFile)); err != nil {
+	if raw, err := readSecret(dir, bearerKeyFile); err != nil {
 		problems = append(problems, err)
 	} else if err := m.BearerKey.UnmarshalJSON(raw); err != nil || m.BearerKey.IsPublic() {
 		problems = append(problems, fmt.Errorf("%s: not a private JWK", bearerKeyFile))

@@ -2,6 +2,7 @@ package space
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,5 +134,35 @@ func TestLoadRefusesAKeyThatIsNotTheAccounts(t *testing.T) {
 	}
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "signing key") {
 		t.Fatalf("got %v, want a refusal of the foreign signing key", err)
+	}
+}
+
+// Every file that holds a secret is refused, all at once, if group or others may read or
+// write it; the descriptor (public JWTs only) may be world-readable.
+func TestLoadRefusesSecretsOpenToGroupOrOthers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "space")
+	if _, err := Create(dir, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, descriptorFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err != nil {
+		t.Fatalf("a world-readable descriptor: got %v, want the material", err)
+	}
+	exposed := map[string]os.FileMode{dataSignerFile: 0o640, ownerSecretFile: 0o604, bearerKeyFile: 0o620, operatorSignerFile: 0o602}
+	for name, mode := range exposed {
+		if err := os.Chmod(filepath.Join(dir, name), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Load(dir)
+	if !errors.Is(err, ErrExposed) {
+		t.Fatalf("got %v, want ErrExposed", err)
+	}
+	for name, mode := range exposed {
+		if want := fmt.Sprintf("%s has mode %04o", name, mode); !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want it to say %q", err, want)
+		}
 	}
 }

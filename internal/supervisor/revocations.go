@@ -1,15 +1,17 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -70,7 +72,7 @@ type revocationSet struct {
 func (r *Revocations) set() *fence.Fence[revocationSet] {
 	return fence.New(r.Gates, subjects.RevocationsKey(r.Account), func(data []byte) (revocationSet, error) {
 		var s revocationSet
-		if err := body.Decode(data, &s); err != nil {
+		if err := decodeSet(data, &s); err != nil {
 			return revocationSet{}, err
 		}
 		if s.V != 1 || s.Account != r.Account || s.Revoked == nil {
@@ -78,6 +80,22 @@ func (r *Revocations) set() *fence.Fence[revocationSet] {
 		}
 		return s, nil
 	}, func(s *revocationSet) { s.Nonce = ids.Nonce() })
+}
+
+// decodeSet decodes a stored set: one JSON object of exactly its keys. It is a row the plane
+// writes, not a request, and it holds every key revoked in the last Forget (about 900 keys fill
+// a request's body.MaxBytes: 180 ended instances), so no request's size limit applies to it;
+// were one to, every end and every start would fail until the oldest keys were forgotten.
+func decodeSet(data []byte, s *revocationSet) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(s); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("data after the set")
+	}
+	return nil
 }
 
 // Applied is what applying the set found.

@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// TestNoCredentialLeavesWhoseExpiryPassedWhileItWasMinted: the plane's clock (a test clock
+// through service.Config.Now: the wall clock cannot be moved here) steps forward while a
+// renewal is between its `minted` records and its commit. To the executor's five minutes or
+// past the supervisor's standing day, nothing leaves: `unavailable` with no credential, the
+// mint recorded `discarded`, no fence moved. Short of both, the credentials leave, expiring
+// after the plane's clock; and a renewal after any step is issued on the new time.
+func TestNoCredentialLeavesWhoseExpiryPassedWhileItWasMinted(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{}
+	var step atomic.Int64 // the step the next mint takes before its commit
+	p := startPlane(t, func(c *service.Config) {
+		c.Now = clock.now
+		c.Hooks = &service.Hooks{BeforeCommit: func() { clock.advance(time.Duration(step.Swap(0))) }}
+	})
+	r := newRegisteredManager(t, p)
+	wantLive := func(what string, mat material) {
+		t.Helper()
+		if len(mat.Credentials) != 2 {
+			t.Fatalf("%s: got %d credentials, want the supervisor's and the executor's", what, len(mat.Credentials))
+		}
+		for duty, c := range mat.Credentials {
+			if now := clock.now().Unix(); c.Exp <= now {
+				t.Errorf("%s: the %s credential expires at %d, already passed on the plane's clock (%d)", what, duty, c.Exp, now)
+			}
+		}
+	}
+
+	for _, tt := range []struct {
+		name   string
+		step   time.Duration
+		issued bool
+	}{
+		{"a minute, within both lives", time.Minute, true},
+		{"five minutes, the executor's life", 5 * time.Minute, false},
+		{"a day and an hour, past the supervisor's", 25 * time.Hour, false},
+	} {
+		body := r.renewal(t, "renew")
+		before := storeSeqs(t, p).except(subjects.MintedStream(testSpace))
+		step.Store(int64(tt.step))
+		o := ask(t, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, body)
+		if tt.issued {
+			if o.code != "" {
+				t.Fatalf("%s: got %s %q, want the credentials", tt.name, o.code, o.message)
+			}
+			wantLive(tt.name, o.material)
+			continue
+		}
+		if o.code != "unavailable" || len(o.material.Credentials) != 0 || !strings.Contains(o.message, "the clock passed") {
+			t.Errorf("%s: got %q %q with %d credentials, want unavailable saying the clock passed an expiry, and none", tt.name, o.code, o.message, len(o.material.Credentials))
+		}
+		wantUnwritten(t, p, tt.name, before)
+		if d := lastDecision(t, p, "discarded", ownerA, "cli"); d.RequestID != body["requestId"] || d.Code != "unavailable" {
+			t.Errorf("%s: got discarded record %+v, want request %s discarded unavailable", tt.name, d, body["requestId"])
+		}
+		wantLive(tt.name+", then a renewal on the new time", mustMint(t, r.cli, ownerA, "cli", r.renewal(t, "renew")))
+	}
+}
+
+// TestAClockStepPastAnAssignmentsEndIssuesNothingUnderIt: the plane's clock steps past a
+// platform supervisor assignment's end: a supervised renewal, through supervisor-authority and
+// the manager's own, is refused `permission-denied`, and nothing is written. (Past an end the
+// wall clock reached, TestASupervisedManagerRenewingItselfIsClampedToItsAssignmentAndRefusedAfterIt.)
+func TestAClockStepPastAnAssignmentsEndIssuesNothingUnderIt(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{}
+	p, pa, s := supervisedPlane(t, func(c *service.Config) { c.Now = clock.now }, time.Now().Add(time.Hour))
+	own := dutyConn(t, p, s.m, s.owner, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
+	clock.advance(time.Hour + time.Minute)
+
+	before := storeSeqs(t, p)
+	_, err := pa.authority(s, client.OpRenew)
+	wantRefusalOf(t, "a supervised renewal past the assignment's end", err, "permission-denied", "ended")
+	if o := ownRenewal(own, s, subjects.DutySupervisor, client.OpRenew); o.code != "permission-denied" || len(o.material.Credentials) != 0 {
+		t.Errorf("the manager's own renewal past the assignment's end: got %q %q with %d credentials, want permission-denied and none", o.code, o.message, len(o.material.Credentials))
+	}
+	wantUnwritten(t, p, "renewals past the assignment's end", before)
+}

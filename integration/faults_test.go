@@ -1,0 +1,183 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing: two of three servers stop, so no
+// stream of the plane can commit a write (R3 needs two): a renewal is refused `unavailable`
+// within the request's deadline, with no credential. Once the servers are back, no fence has
+// moved, the only records are the refused request's own, and the plane serves again.
+func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
+	t.Parallel()
+	const deadline = 2 * time.Second
+	c := startCluster(t, testSpace, 3)
+	// The plane and its callers are on server 0, which stays up.
+	p := startPlane(t, func(cfg *service.Config) {
+		againstCluster(c)(cfg)
+		cfg.NATSURL = c.URL(0)
+		cfg.RequestTimeout = deadline
+	})
+	r := newRegisteredManager(t, p)
+
+	before := storeSeqs(t, p)
+	refused := r.renewal(t, "renew")
+
+	c.stop(t, 1)
+	c.stop(t, 2)
+	sent := time.Now()
+	o := askWithin(3*deadline, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, refused)
+	took := time.Since(sent)
+	if o.code != "unavailable" || o.numeric != 503 || len(o.material.Credentials) != 0 {
+		t.Errorf("a renewal with no KV leader: got %q (%d) %q with %d credentials, want unavailable and none", o.code, o.numeric, o.message, len(o.material.Credentials))
+	}
+	if took > deadline+time.Second {
+		t.Errorf("the refusal took %s, want it within the request's deadline (%s)", took.Round(time.Millisecond), deadline)
+	}
+	t.Logf("no KV leader: %s %q after %s", o.code, o.message, took.Round(time.Millisecond))
+
+	c.start(t, 1)
+	c.start(t, 2)
+	c.waitFormed(t)
+	c.waitCurrent(t, 30*time.Second)
+	// No fence moved. The mint's `minted` records may land once a quorum is back (a stream
+	// leader that had not yet noticed it was alone took them, and could not commit them): they
+	// are its own records, which a refusal may leave (DESIGN §5), for credentials never sent.
+	minted := subjects.MintedStream(testSpace)
+	wantUnwritten(t, p, "a renewal with no KV leader", before.except(minted))
+	for _, rec := range mintedSince(t, p, before[minted]) {
+		if rec.RequestID != refused["requestId"] {
+			t.Errorf("a minted record of request %s appeared, want none but the refused request's own", rec.RequestID)
+		}
+	}
+	checkFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		o := askWithin(3*deadline, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, r.renewal(t, "renew"))
+		if o.code != "" || len(o.material.Credentials) != 2 {
+			return fmt.Errorf("a renewal once the servers are back: got %q %q, want two credentials", o.code, o.message)
+		}
+		return nil
+	})
+}
+
+// registeredManager is a manager registered on a plane by ownerA.cli, granted supervise, and
+// that caller's connection.
+type registeredManager struct {
+	p   *testPlane
+	cli *nats.Conn
+	m   *managerKeys
+	act material
+}
+
+func newRegisteredManager(t testing.TB, p *testPlane) *registeredManager {
+	t.Helper()
+	grant(t, p, ownerA, "cli", "supervise")
+	r := &registeredManager{p: p, cli: callerConn(t, p, ownerA, "cli"), m: newManagerKeys(t)}
+	_, r.act = registered(t, r.cli, ownerA, "cli", r.m)
+	return r
+}
+
+// renewal is a fresh renewal body of operation op, sent by ownerA.cli.
+func (r *registeredManager) renewal(t testing.TB, op string) map[string]any {
+	return renewal(r.m.body(t, op, "cli"), r.act.NextRegistrationProof, r.p.Account(), 0)
+}
+
+// mintedSince reads every `minted` record after sequence seq.
+func mintedSince(t testing.TB, p *testPlane, seq uint64) []mintedRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := p.JS(t).Stream(ctx, subjects.MintedStream(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []mintedRecord
+	for last := lastSeq(t, p, subjects.MintedStream(testSpace)); seq < last; {
+		seq++
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // replaced by a later record on its nkey
+		}
+		if err != nil {
+			t.Fatalf("minted record %d: %v", seq, err)
+		}
+		var rec mintedRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			t.Fatalf("minted record %d: %v", seq, err)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// TestAFullMintedStreamRefusesTheMintAndReturnsNothing: the `minted` stream filled to its
+// size bound (--minted-bytes, discard new) takes no record, so every mint fails closed: a
+// renewal (whose records would replace its nkeys' own) and a first registration (new nkeys) are
+// each refused `resource-exhausted` with no credential, no fence moves, the stream takes
+// nothing, and the mint is recorded `discarded`.
+func TestAFullMintedStreamRefusesTheMintAndReturnsNothing(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.MintedBytes = 1 << 20 })
+	r := newRegisteredManager(t, p)
+	fillMinted(t, p)
+
+	fresh := newManagerKeys(t)
+	for _, tt := range []struct {
+		name  string
+		body  map[string]any
+		creds int
+	}{
+		{"a renewal", r.renewal(t, "renewStandingBundle"), 5},
+		{"a first registration", fresh.body(t, "prepare", "cli"), 2},
+	} {
+		before := storeSeqs(t, p)
+		o := ask(t, r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, tt.body)
+		if o.code != "resource-exhausted" || o.numeric != 429 || len(o.material.Credentials) != 0 {
+			t.Errorf("%s with the minted stream full: got %q (%d) %q with %d credentials, want resource-exhausted and none",
+				tt.name, o.code, o.numeric, o.message, len(o.material.Credentials))
+		}
+		wantUnwritten(t, p, tt.name+" with the minted stream full", before)
+		if d := lastDecision(t, p, "discarded", ownerA, "cli"); d.RequestID != tt.body["requestId"] || d.Code != "resource-exhausted" || len(d.Credentials) != tt.creds {
+			t.Errorf("%s: got discarded record %+v, want request %s discarded resource-exhausted with its %d credentials", tt.name, d, tt.body["requestId"], tt.creds)
+		}
+	}
+	if _, err := fenceEntry(t, p, subjects.GateKey(subjects.GateEndpointManager, fresh.iid)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the refused registration's gate: got %v, want none", err)
+	}
+}
+
+// fillMinted fills p's `minted` stream to its size bound with records of no instance, as a
+// writer with the plane's rights could, in smaller pieces until not even one byte more fits.
+func fillMinted(t testing.TB, p *testPlane) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n := 0
+	for size := 64 << 10; size > 0; size /= 2 {
+		for {
+			n++
+			_, err := p.JS(t).Publish(ctx, subjects.MintedSubject(testSpace, "filler", fmt.Sprintf("F%d", n)), make([]byte, size))
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum bytes") {
+				break
+			}
+			if err != nil {
+				t.Fatalf("fill the minted stream: %v", err)
+			}
+			if n > 10000 {
+				t.Fatal("the minted stream took 10,000 fillers; want it bounded at 1 MiB")
+			}
+		}
+	}
+}

@@ -1,0 +1,142 @@
+package integration
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// secretShape is what any token or seed looks like: a compact JWS or JWT (its header is JSON,
+// so its base64url begins eyJ), or an nkey seed (S, the key's type, 56 base32 characters).
+var secretShape = regexp.MustCompile(`eyJ[A-Za-z0-9_-]{8,}\.|S[ANOUCXP][A-Z2-7]{56}`)
+
+// TestNoSeedBearerProofOrJWTReachesTheLogOrTheRecords: a plane logging everything makes every
+// kind of decision (a manager registered and renewed; a renewal refused for a wrong proof; a run
+// admitted, taken over, renewed and revoked; a supervised lifecycle assigned, registered and
+// ended; a person's IdP token exchanged for a bearer that connects through the callout). Then
+// neither its log nor any record of the audit and minted streams holds a credential it issued,
+// a proof, the bearer, the IdP token or any seed of the space or the managers: not the strings
+// themselves, and nothing shaped like a JWT or a seed (DESIGN §8).
+func TestNoSeedBearerProofOrJWTReachesTheLogOrTheRecords(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, func(c *service.Config) { c.Logger = newTextLogger(logs) })
+	var secrets []string
+	keep := func(s ...string) {
+		for _, v := range s {
+			if v != "" {
+				secrets = append(secrets, v)
+			}
+		}
+	}
+	material := func(creds map[string]client.Credential, proofs ...string) {
+		for _, c := range creds {
+			keep(c.JWT)
+		}
+		keep(proofs...)
+	}
+	seeds := func(kps ...nkeys.KeyPair) {
+		for _, kp := range kps {
+			if kp == nil {
+				continue
+			}
+			seed, err := kp.Seed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep(string(seed))
+		}
+	}
+
+	// A manager, its renewal, and a renewal with a proof of the right shape that is not its.
+	env := newRunEnv(t, p)
+	keep(env.cur.Proof)
+	m, err := env.cli.Renew(env.ctx(), env.m.Manager, env.cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	material(m.Credentials)
+	wrong := env.cur
+	wrong.Proof = "sha256:" + strings.Repeat("0", 64)
+	keep(wrong.Proof)
+	if _, err := env.cli.Renew(env.ctx(), env.m.Manager, wrong); client.CodeOf(err) != "permission-denied" {
+		t.Fatalf("a renewal with another proof: got %v, want permission-denied", err)
+	}
+	// A run taken over, renewed and revoked.
+	rm, tk, _ := env.running()
+	material(rm.Credentials)
+	renewed, err := env.renewDriver(rm.Hold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	material(renewed.Credentials)
+	if _, err := env.revoke(env.revoker(ownerA, "owner"), rm.RunID, "done"); err != nil {
+		t.Fatal(err)
+	}
+	// A supervised lifecycle, ended.
+	pa := newPlatformAdmin(t, p, "admin")
+	s := pa.assign(time.Now().Add(time.Hour))
+	pa.register(s)
+	material(s.prep.Credentials, s.prep.RegistrationProof)
+	material(s.act.Credentials, s.act.NextRegistrationProof)
+	if _, err := pa.end(s); err != nil {
+		t.Fatal(err)
+	}
+	// A person's bearer, used through the callout.
+	owner := humanOwner(t, p, ip, "dora")
+	grant(t, p, owner, "cli")
+	idToken := ip.Token(t, ip.Claims("dora", time.Hour))
+	ex := exchange(t, p.PublicURL(), map[string]any{"idpToken": idToken, "actor": "cli"})
+	keep(idToken, ex.Token)
+	if _, err := bearerConnect(t, fetchBundle(t, p.PublicURL()), ex.Token, owner, "cli"); err != nil {
+		t.Fatalf("connect with the bearer: %v", err)
+	}
+	// Every seed there is: the space's, the managers' and the run's.
+	k := p.Keys()
+	seeds(k.Operator, k.OperatorSigner, k.CalloutXKey, k.CalloutUser)
+	for _, a := range []struct{ key, signer nkeys.KeyPair }{{k.System.Key, k.System.Signer}, {k.Data.Key, k.Data.Signer},
+		{k.Plane.Key, k.Plane.Signer}, {k.Callout.Key, k.Callout.Signer}} {
+		seeds(a.key, a.signer)
+	}
+	for _, keys := range []*managerKeys{env.m, s.m} {
+		for _, kp := range keys.keys {
+			seeds(kp)
+		}
+	}
+	seeds(tk.driver, tk.mediator)
+
+	texts := map[string]string{"the log": logs.String()}
+	for _, stream := range []string{subjects.AuditStream(testSpace), subjects.MintedStream(testSpace)} {
+		msgs := readAll(t, p.JS(t), stream, ">")
+		if len(msgs) == 0 {
+			t.Fatalf("%s holds no record", stream)
+		}
+		for _, msg := range msgs {
+			texts[stream+" "+msg.Subject()] = string(msg.Data())
+		}
+	}
+	for _, want := range []string{"msg=minted", "msg=refused", "msg=ended", "msg=exchanged"} {
+		if !strings.Contains(texts["the log"], want) {
+			t.Errorf("the log has no %s line: the flow did not make that decision", want)
+		}
+	}
+	for where, text := range texts {
+		for i, secret := range secrets {
+			if strings.Contains(text, secret) {
+				t.Errorf("%s holds secret %d of %d (%.12s…)", where, i+1, len(secrets), secret)
+			}
+		}
+		if found := secretShape.FindString(text); found != "" {
+			t.Errorf("%s holds something shaped like a token or a seed: %.24s…", where, found)
+		}
+	}
+}
