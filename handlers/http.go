@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -65,8 +66,10 @@ type HTTP struct {
 	// TrustedProxy says the public face sits behind a proxy whose X-Forwarded-For's last hop
 	// names the peer.
 	TrustedProxy bool
-	Log          *slog.Logger
-	Now          func() time.Time
+	// PProf adds net/http/pprof's routes to the loopback face (never the public one).
+	PProf bool
+	Log   *slog.Logger
+	Now   func() time.Time
 }
 
 // Exchanges records the bearers /exchange issues (audit.Writer).
@@ -76,9 +79,11 @@ type Exchanges interface {
 
 // face is one listener's state: its routes and budgets.
 type face struct {
-	h        *HTTP
-	public   bool
-	routes   map[string]http.HandlerFunc
+	h      *HTTP
+	public bool
+	routes map[string]http.HandlerFunc
+	// queried are the routes that take a query (pprof's); every other refuses one.
+	queried  map[string]bool
 	known    string
 	refusals *windows
 	badCaps  *windows
@@ -100,7 +105,30 @@ func (h *HTTP) Loopback() http.Handler {
 		f.routes["/metrics"] = f.metrics
 		f.known += ", /metrics"
 	}
+	if h.PProf {
+		f.addPProf()
+	}
 	return f
+}
+
+// addPProf adds net/http/pprof's routes, each on its exact path and taking its query
+// (`?seconds=`, `?debug=`): the index, its named profiles, and the CPU profile, trace, command
+// line and symbol lookup.
+func (f *face) addPProf() {
+	const prefix = "/debug/pprof/"
+	f.queried = map[string]bool{}
+	add := func(path string, h http.HandlerFunc) {
+		f.routes[path], f.queried[path] = h, true
+	}
+	add(prefix, pprof.Index)
+	add(prefix+"cmdline", pprof.Cmdline)
+	add(prefix+"profile", pprof.Profile)
+	add(prefix+"symbol", pprof.Symbol)
+	add(prefix+"trace", pprof.Trace)
+	for _, name := range []string{"allocs", "block", "goroutine", "heap", "mutex", "threadcreate"} {
+		add(prefix+name, pprof.Handler(name).ServeHTTP)
+	}
+	f.known += ", " + prefix + "…"
 }
 
 // Public returns the public face's handler: the loopback routes with no capability (the IdP
@@ -141,7 +169,7 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		path = r.URL.Path
 	}
 	route, ok := f.routes[path]
-	if !ok || r.URL.RawQuery != "" || r.URL.ForceQuery {
+	if !ok || (r.URL.RawQuery != "" || r.URL.ForceQuery) && !f.queried[path] {
 		closeUnread(w)
 		writeError(w, fault.New(fault.NotFound, "unknown path - %s", f.known))
 		return

@@ -164,3 +164,44 @@ func TestHealthSaysFencedOnceANewerRegistrationLands(t *testing.T) {
 	<-a.Done()
 	waitUnhealthy(t, a.HTTPURL(), "fenced")
 }
+
+// TestPProfIsOnTheLoopbackFaceOnlyWhenAskedFor: --pprof adds net/http/pprof's routes to the
+// loopback face, each on its exact path and taking its query; without it they are unknown
+// paths, and the public face never has them.
+func TestPProfIsOnTheLoopbackFaceOnlyWhenAskedFor(t *testing.T) {
+	t.Parallel()
+	on := startPlane(t, func(c *service.Config) { c.PProf = true; c.PublicPort = 0 })
+	off := startPlane(t, nil)
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(readBody(t, resp))
+	}
+	tests := []struct {
+		name   string
+		url    string
+		status int
+		body   string // what the answer contains
+	}{
+		{"the index", on.HTTPURL() + "/debug/pprof/", http.StatusOK, "heap"},
+		{"a named profile with its query", on.HTTPURL() + "/debug/pprof/goroutine?debug=1", http.StatusOK, "goroutine profile"},
+		{"the command line", on.HTTPURL() + "/debug/pprof/cmdline", http.StatusOK, ""},
+		{"a trailing slash", on.HTTPURL() + "/debug/pprof/heap/", http.StatusNotFound, "not-found"},
+		{"an unknown profile", on.HTTPURL() + "/debug/pprof/nothing", http.StatusNotFound, "not-found"},
+		{"without the prefix's slash", on.HTTPURL() + "/debug/pprof", http.StatusNotFound, "not-found"},
+		{"health still refuses a query", on.HTTPURL() + "/health?x=1", http.StatusNotFound, "not-found"},
+		{"the public face", on.PublicURL() + "/debug/pprof/", http.StatusNotFound, "not-found"},
+		{"a plane without --pprof", off.HTTPURL() + "/debug/pprof/", http.StatusNotFound, "not-found"},
+		{"a plane without --pprof, a profile", off.HTTPURL() + "/debug/pprof/heap?debug=1", http.StatusNotFound, "not-found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, body := get(tt.url)
+			if status != tt.status || !strings.Contains(body, tt.body) {
+				t.Errorf("GET %s: got %d %.80q, want %d containing %q", tt.url, status, body, tt.status, tt.body)
+			}
+		})
+	}
+}

@@ -50,6 +50,8 @@ type Config struct {
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
 	IdP idp.Config
+	// PProf exposes net/http/pprof on the loopback HTTP face (/debug/pprof/…); off by default.
+	PProf bool
 
 	// Replicas of every bucket and stream.
 	Replicas int
@@ -108,6 +110,14 @@ type Hooks struct {
 	AfterEndStep func(iid string, step int) error
 }
 
+// DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
+// otherwise. A request waits on the stores for most of its time (a ledger and a gate read, the
+// minted records, the commit), and the broker hands each request to a random instance of the
+// queue group, busy or not: with few instances a request often waits behind another one's
+// store round trips while others idle. At 32 requesters on 2 CPUs, 8 instances gave a p99 of
+// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request (BENCHMARKS.md).
+const DefaultWorkersPerCPU = 16
+
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
@@ -117,7 +127,7 @@ func Defaults() Config {
 		HTTPPort:             8480,
 		PublicPort:           -1,
 		Replicas:             1,
-		Workers:              4 * runtime.GOMAXPROCS(0),
+		Workers:              DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
 		Rate:                 100,
 		Burst:                200,
 		RequestTimeout:       5 * time.Second,

@@ -27,13 +27,18 @@ func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, 
 // userName is the name of the plane's own user of role.
 func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.self() }
 
-// dialWith opens one of the plane's own connections, authenticated by auth. A connection lost
-// and regained is logged and counted (a renewal's forced reconnect is neither); reconnected,
-// when set, runs after every reconnection.
+// dialWith opens one of the plane's own connections, authenticated by auth: in process to an
+// embedded broker, else to the cluster's URL. A connection lost and regained is logged and
+// counted (a renewal's forced reconnect is neither); reconnected, when set, runs after every
+// reconnection.
 func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
 	var lost atomic.Bool
-	nc, err := nats.Connect(p.info.NATSURL, auth,
+	opts := []nats.Option{auth}
+	if p.inProcess != nil {
+		opts = append(opts, p.inProcess)
+	}
+	nc, err := nats.Connect(p.info.NATSURL, append(opts,
 		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -61,7 +66,7 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 			}
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}

@@ -65,9 +65,12 @@ type Plane struct {
 	gate     *gate.Gate
 	stores   *store.Stores
 	storeNC  *nats.Conn
-	serving  atomic.Pointer[serving]
-	callout  atomic.Pointer[nats.Conn]
-	metrics  *metrics.Metrics
+	// inProcess, with an embedded broker, connects the plane's own users in process: no
+	// socket between the plane and its stores. Nil against a cluster.
+	inProcess nats.Option
+	serving   atomic.Pointer[serving]
+	callout   atomic.Pointer[nats.Conn]
+	metrics   *metrics.Metrics
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *supervisor.Revocations
 
@@ -339,6 +342,7 @@ func (p *Plane) startBroker() error {
 	}
 	p.onClose("shut the embedded nats-server down", func() error { b.Shutdown(); return nil })
 	p.info.NATSURL, p.info.Embedded = b.ClientURL(), true
+	p.inProcess = nats.InProcessServer(b.Server())
 	return nil
 }
 

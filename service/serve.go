@@ -8,6 +8,7 @@ import (
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/manager"
@@ -61,7 +62,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	engine := &manager.Engine{
 		Space:                cfg.Space,
 		Account:              p.keys.Data.Public(),
-		Gates:                p.stores.Auth,
+		Gates:                fence.Group(p.stores.Auth), // mints that observed the same row commit together
 		Ledger:               p.stores.Actors,
 		Admissions:           p.stores.Admission,
 		Statuses:             p.stores.RunStatus,

@@ -1,5 +1,5 @@
 // Command authplane is the Cotal authority plane: `authplane serve` (the default) runs it;
-// `init`, `creds`, `grant` and `nkeys` set up a space and its principals.
+// `init`, `creds`, `grant` and `nkeys` set up a space and its principals; `bench` measures it.
 package main
 
 import (
@@ -26,6 +26,7 @@ usage:
                                  list, rotate or retire the bearer keys /jwks publishes
   authplane identity migrate     move a file identity into the store (then --identity-store kv)
   authplane version              print the release, module version and VCS revision
+  authplane bench [flags]        measure a plane against its echo and mint ceilings
 
 Run 'authplane <command> -h' for a command's flags.
 `
@@ -64,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = identityCmd(args, stdout, stderr)
 	case "version":
 		err = versionCmd(args, stdout, stderr)
+	case "bench":
+		err = benchCmd(args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

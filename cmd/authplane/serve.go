@@ -37,6 +37,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.IdP.Issuer, "idp-issuer", "", "its tokens' exact iss (default: the --idp-url origin)")
 	fs.StringVar(&cfg.IdP.Audience, "idp-audience", "", "its tokens' exact aud (default: the --idp-url origin)")
 	fs.StringVar(&cfg.IdP.JWKS, "idp-jwks", "", "its key set: https, or http on a loopback IP literal (default: <idp-url>/jwks)")
+	fs.BoolVar(&cfg.PProf, "pprof", false, "expose net/http/pprof on the loopback HTTP face (/debug/pprof/...)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "micro service instances serving in parallel, each with the five endpoints")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second per principal (0 = unlimited)")

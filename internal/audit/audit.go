@@ -158,24 +158,34 @@ type window struct {
 	counts map[string]int
 }
 
-// Minted writes one `minted` record per credential, before the mint commits. A write of
-// unknown outcome is retried until ctx ends, each record under the message id mintID.<nkey>, so
-// a retry that meets a write that did land adds no second record. An error means the mint must
-// not commit.
+// Minted writes one `minted` record per credential, before the mint commits, all at once: each
+// waits for its own ack, none for another's. A write of unknown outcome is retried until ctx
+// ends, each record under the message id mintID.<nkey>, so a retry that meets a write that did
+// land adds no second record. An error means the mint must not commit.
 func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mintID string) error {
 	at := w.now().UnixMilli()
-	for _, c := range creds {
+	errs := make([]error, len(creds))
+	var wg sync.WaitGroup
+	for i, c := range creds {
 		data, err := json.Marshal(Minted{V: 1, Request: req, Credential: c, At: at})
 		if err != nil {
 			return err
 		}
-		subject := subjects.MintedSubject(w.space, req.InstanceID, c.NKey)
-		if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
-			w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
-			return fmt.Errorf("record minted %s: %w", c.NKey, err)
+		write := func() {
+			subject := subjects.MintedSubject(w.space, req.InstanceID, c.NKey)
+			if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
+				w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
+				errs[i] = fmt.Errorf("record minted %s: %w", c.NKey, err)
+			}
+		}
+		if i == len(creds)-1 {
+			write() // the last on this goroutine
+		} else {
+			wg.Go(write)
 		}
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // append writes one record, again after a write of unknown outcome, until ctx ends.

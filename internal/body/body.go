@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -26,34 +24,50 @@ var rawType = reflect.TypeFor[json.RawMessage]()
 // duplicate key (matched case-sensitively, unlike encoding/json), a null, and a value of the
 // wrong type. Fields of type json.RawMessage are left for the caller to parse. Presence is the
 // caller's to check: use pointer fields where absent and zero differ.
+//
+// It reads the body in one pass (after a check of its UTF-8), checking the JSON grammar, the
+// closed schema and the types as it fills v. A body that is not JSON is refused as such even
+// when a field before the fault was already refused: only then is the body read a second time.
 func Decode(data []byte, v any) error {
+	if err := outer(data); err != nil {
+		return err
+	}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("body.Decode needs a pointer to a struct, got %T", v)
+	}
+	d := decoder{data: data}
+	err := d.top(func() error {
+		if d.data[d.pos] != '{' {
+			return errNotObject
+		}
+		return d.object(rv.Elem())
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errSyntax):
+		return notJSON()
+	case errors.Is(err, errNotObject):
+		return fault.New(fault.BadRequest, "body is not a JSON object")
+	case !json.Valid(data):
+		return notJSON() // a fault past the refused field: the grammar comes first
+	}
+	return err
+}
+
+// outer applies the checks every body gets before it is read: its size and its UTF-8.
+func outer(data []byte) error {
 	if len(data) > MaxBytes {
 		return fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), MaxBytes)
 	}
 	if !utf8.Valid(data) {
 		return fault.New(fault.BadRequest, "body is not valid UTF-8")
 	}
-	if !json.Valid(data) {
-		return fault.New(fault.BadRequest, "body is not JSON")
-	}
-	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
-		return fmt.Errorf("body.Decode needs a pointer to a struct, got %T", v)
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	first, err := dec.Token()
-	if err != nil {
-		return fault.New(fault.BadRequest, "body is not JSON")
-	}
-	if d, ok := first.(json.Delim); !ok || d != '{' {
-		return fault.New(fault.BadRequest, "body is not a JSON object")
-	}
-	if err := walkObject(dec, rv.Elem().Type(), ""); err != nil {
-		return err
-	}
-	return unmarshal(data, v)
+	return nil
 }
+
+func notJSON() *fault.Error { return fault.New(fault.BadRequest, "body is not JSON") }
 
 // DecodeRaw is Decode for a value that arrived as a json.RawMessage inside a larger body;
 // field names in its refusals are prefixed with path.
@@ -72,18 +86,6 @@ func Within(path string, err error) error {
 		return fault.New(f.Code, "field %s: %s", path, strings.TrimPrefix(f.Message, "body is "))
 	}
 	return err
-}
-
-func unmarshal(data []byte, v any) error {
-	err := json.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return fault.Field(fault.Clip(te.Field, fault.MaxQuote), "want %s, got %s", kindName(te.Type), fault.Clip(te.Value, fault.MaxQuote))
-	}
-	return fault.Wrap(fault.BadRequest, err, "body does not decode")
 }
 
 func kindName(t reflect.Type) string {
@@ -106,161 +108,6 @@ func kindName(t reflect.Type) string {
 	return t.String()
 }
 
-// walkObject checks the members of an object whose '{' was just read, against struct type t.
-func walkObject(dec *json.Decoder, t reflect.Type, path string) error {
-	fields := jsonFields(t)
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return fault.New(fault.BadRequest, "body is not JSON")
-		}
-		key := tok.(string)
-		name := join(path, fault.Clip(key, fault.MaxQuote)) // a caller's key: bounded wherever it is repeated
-		ft, known := fields[key]
-		if t.Kind() == reflect.Map {
-			ft, known = t.Elem(), true
-		}
-		if !known {
-			return fault.Field(name, "unknown field")
-		}
-		if seen[key] {
-			return fault.Field(name, "duplicate key")
-		}
-		seen[key] = true
-		if err := walkValue(dec, ft, name); err != nil {
-			return err
-		}
-	}
-	_, err := dec.Token() // '}'
-	return err
-}
-
-func walkValue(dec *json.Decoder, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return fault.New(fault.BadRequest, "body is not JSON")
-	}
-	if tok == nil {
-		return fault.Field(path, "null is not allowed; leave the field out")
-	}
-	delim, isDelim := tok.(json.Delim)
-	if t == rawType || t.Kind() == reflect.Interface {
-		if isDelim {
-			return skip(dec)
-		}
-		return nil
-	}
-	if !isDelim {
-		return checkScalar(tok, t, path)
-	}
-	switch {
-	case delim == '{' && (t.Kind() == reflect.Struct || t.Kind() == reflect.Map && t.Key().Kind() == reflect.String):
-		return walkObject(dec, t, path)
-	case delim == '[' && t.Kind() == reflect.Slice:
-		for i := 0; dec.More(); i++ {
-			if err := walkValue(dec, t.Elem(), path+"["+strconv.Itoa(i)+"]"); err != nil {
-				return err
-			}
-		}
-		_, err := dec.Token() // ']'
-		return err
-	}
-	if delim == '{' {
-		return fault.Field(path, "want %s, got an object", kindName(t))
-	}
-	return fault.Field(path, "want %s, got an array", kindName(t))
-}
-
-// checkScalar refuses a scalar token that t cannot hold, naming the field with its index
-// (encoding/json's own type errors drop array indexes).
-func checkScalar(tok json.Token, t reflect.Type, path string) error {
-	want := kindName(t)
-	switch v := tok.(type) {
-	case string:
-		if t.Kind() != reflect.String {
-			return fault.Field(path, "want %s, got a string", want)
-		}
-	case bool:
-		if t.Kind() != reflect.Bool {
-			return fault.Field(path, "want %s, got a boolean", want)
-		}
-	case json.Number:
-		var err error
-		switch t.Kind() {
-		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-			_, err = strconv.ParseInt(v.String(), 10, t.Bits())
-		case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-			_, err = strconv.ParseUint(v.String(), 10, t.Bits())
-		case reflect.Float32, reflect.Float64:
-			_, err = strconv.ParseFloat(v.String(), t.Bits())
-		default:
-			return fault.Field(path, "want %s, got a number", want)
-		}
-		if err != nil {
-			return fault.Field(path, "want %s, got the number %s", want, fault.Clip(v.String(), fault.MaxQuote))
-		}
-	}
-	return nil
-}
-
-// skip consumes the rest of an object or array whose opening delimiter was just read.
-func skip(dec *json.Decoder) error {
-	for depth := 1; depth > 0; {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return fault.New(fault.BadRequest, "body is not JSON")
-		}
-		if err != nil {
-			return fault.New(fault.BadRequest, "body is not JSON")
-		}
-		if d, ok := tok.(json.Delim); ok {
-			if d == '{' || d == '[' {
-				depth++
-			} else {
-				depth--
-			}
-		}
-	}
-	return nil
-}
-
-// jsonFields maps each JSON key of struct type t to its field's type, with the fields of
-// untagged embedded structs promoted as encoding/json promotes them.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
-	if t.Kind() != reflect.Struct {
-		return out
-	}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		ft := f.Type
-		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
-		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
-			for k, v := range jsonFields(ft) {
-				if _, shadowed := out[k]; !shadowed {
-					out[k] = v
-				}
-			}
-			continue
-		}
-		if !f.IsExported() || name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		out[name] = f.Type
-	}
-	return out
-}
-
 func join(path, key string) string {
 	if path == "" {
 		return key
@@ -270,30 +117,43 @@ func join(path, key string) string {
 
 // Peek returns the string member key of a JSON object body, for dispatching on it before the
 // closed parse. It applies Decode's outer checks (size, UTF-8, JSON, an object) and matches key
-// exactly. A missing key is "", a non-string one a refusal.
+// exactly; when the key repeats, the last one counts (the closed parse refuses the repeat). A
+// missing key is "", a non-string one a refusal.
 func Peek(data []byte, key string) (string, error) {
-	if len(data) > MaxBytes {
-		return "", fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), MaxBytes)
+	if err := outer(data); err != nil {
+		return "", err
 	}
-	if !utf8.Valid(data) {
-		return "", fault.New(fault.BadRequest, "body is not valid UTF-8")
-	}
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(data, &members); err != nil || members == nil { // `null` decodes to no map
-		if json.Valid(data) {
-			return "", fault.New(fault.BadRequest, "body is not a JSON object")
+	d := decoder{data: data}
+	var found, str bool
+	var val string
+	err := d.top(func() error {
+		if d.data[d.pos] != '{' {
+			return errNotObject
 		}
-		return "", fault.New(fault.BadRequest, "body is not JSON")
-	}
-	raw, ok := members[key]
-	if !ok {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+		return d.members(func(k []byte) error {
+			if string(k) != key {
+				return d.skip()
+			}
+			found, str = true, d.data[d.pos] == '"'
+			if !str {
+				return d.skip()
+			}
+			s, err := d.strBytes()
+			val = string(s)
+			return err
+		})
+	})
+	switch {
+	case errors.Is(err, errSyntax):
+		return "", notJSON()
+	case errors.Is(err, errNotObject):
+		return "", fault.New(fault.BadRequest, "body is not a JSON object")
+	case err != nil:
+		return "", err
+	case found && !str:
 		return "", fault.Field(key, "want a string")
 	}
-	return s, nil
+	return val, nil
 }
 
 // Encode marshals v as JSON without HTML escaping: a `<` a caller sent stays one byte in a

@@ -101,7 +101,7 @@ func FuzzDecode(f *testing.F) {
 // whose every key is a field of t, spelled exactly, once, with no null value.
 func checkClosed(tb testing.TB, data []byte, t reflect.Type) {
 	tb.Helper()
-	known := jsonFields(t)
+	known := refJSONFields(t)
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		tb.Fatalf("accepted a body that is not an object: %q", short(data))

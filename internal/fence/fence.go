@@ -114,12 +114,29 @@ func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
 // mint's commit) is retried at the new revision; any change of content means a fence writer got
 // there first: ErrMoved. Fence writers give every write fresh bytes (a nonce), so a row never
 // returns to bytes it once had, and unchanged bytes prove no fence write landed in between.
-// It returns the fence as committed: the bytes observed, at the commit's revision.
+// It returns the fence as committed: the bytes observed, at the commit's revision. On a
+// Grouped bucket, concurrent commits of the same bytes share one CAS (see Grouped).
 func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 	if o.Absent() {
 		return nil, fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
 	}
-	return o.put(ctx, o.Raw)
+	g, grouped := o.fence.kv.(*Grouped)
+	if !grouped {
+		return o.put(ctx, o.Raw)
+	}
+	n, err := g.commit(ctx, o.Key(), o.Raw, o.Revision, func(ctx context.Context, rev uint64) (uint64, error) {
+		at := *o
+		at.Revision = rev
+		c, err := at.put(ctx, o.Raw)
+		if err != nil {
+			return 0, err
+		}
+		return c.Revision, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Observed[T]{Row: o.Row, Raw: o.Raw, Revision: n, fence: o.fence}, nil
 }
 
 // Write replaces the row observed with next, pinned to the revision observed (create-only
@@ -148,11 +165,14 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 var Retries atomic.Int64
 
 // put is the one CAS loop: write data at the observed revision until it lands, the row
-// changes, or ctx ends.
+// changes, or ctx ends. The first time a re-read finds the row as observed at a later
+// revision (another commit of the same bytes landed first), it tries again at once at that
+// revision; later retries are paced.
 func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error) {
 	f := o.fence
 	rev := o.Revision
 	var last error
+	retried := false
 	for attempt := 0; ; attempt++ {
 		n, err := f.write(ctx, data, rev)
 		switch {
@@ -176,6 +196,11 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 			return nil, fmt.Errorf("write %s: %w", f.key, ErrMoved)
 		default:
 			rev = now.Revision // unchanged: another mint's commit, or nothing landed
+			if !retried {
+				retried = true
+				Retries.Add(1)
+				continue
+			}
 		}
 		Retries.Add(1)
 		if perr := store.Pause(ctx, attempt); perr != nil {

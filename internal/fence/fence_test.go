@@ -104,8 +104,13 @@ func TestCommitRetriesWhenAnotherCommitRewroteTheSameBytes(t *testing.T) {
 	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
+	before := fence.Retries.Load()
 	if _, err := o.Commit(ctx(t)); err != nil {
 		t.Fatalf("got %v, want a retry at the new revision to land", err)
+	}
+	// The retry is sent at once, without a pause, and still counted for the metrics.
+	if n := fence.Retries.Load() - before; n != 1 {
+		t.Fatalf("fence.Retries grew by %d, want 1 (the one retry)", n)
 	}
 }
 

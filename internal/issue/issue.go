@@ -50,7 +50,9 @@ type Step struct {
 	Commit func(ctx context.Context) (uint64, error)
 }
 
-// Unchanged is the step that commits on fence o exactly as it was observed before signing.
+// Unchanged is the step that commits on fence o exactly as it was observed before signing. On
+// a grouped bucket (fence.Grouped), concurrent mints that observed the same row commit with one
+// CAS.
 func Unchanged[T any](o *fence.Observed[T]) Step {
 	return Step{Fence: o.Key(), Commit: func(ctx context.Context) (uint64, error) {
 		return revision(o.Commit(ctx))

@@ -39,7 +39,7 @@ type env struct {
 	iid     string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	acct, signer := newKP(t, nkeys.CreateAccount), newKP(t, nkeys.CreateAccount)
 	e := &env{fences: storetest.New(), records: storetest.NewStream(), now: time.Now(), iid: ids.UID()}
@@ -54,7 +54,7 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func (e *env) openGate(t *testing.T, iid string) *gate.Gate {
+func (e *env) openGate(t testing.TB, iid string) *gate.Gate {
 	t.Helper()
 	absent, err := gate.Of(e.fences, subjects.GateEndpointManager, iid).Observe(ctx(t))
 	if err != nil {
@@ -68,13 +68,13 @@ func (e *env) openGate(t *testing.T, iid string) *gate.Gate {
 	return g
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
 }
 
-func newKP(t *testing.T, create func() (nkeys.KeyPair, error)) nkeys.KeyPair {
+func newKP(t testing.TB, create func() (nkeys.KeyPair, error)) nkeys.KeyPair {
 	t.Helper()
 	kp, err := create()
 	if err != nil {
@@ -83,7 +83,7 @@ func newKP(t *testing.T, create func() (nkeys.KeyPair, error)) nkeys.KeyPair {
 	return kp
 }
 
-func pub(t *testing.T, kp nkeys.KeyPair) string {
+func pub(t testing.TB, kp nkeys.KeyPair) string {
 	t.Helper()
 	p, err := kp.PublicKey()
 	if err != nil {
@@ -93,7 +93,7 @@ func pub(t *testing.T, kp nkeys.KeyPair) string {
 }
 
 // plan asks for the supervisor and executor of the env's instance, committing on both gates.
-func (e *env) plan(t *testing.T) issue.Plan {
+func (e *env) plan(t testing.TB) issue.Plan {
 	t.Helper()
 	var grants []issue.Grant
 	for _, d := range []subjects.Duty{subjects.DutySupervisor, subjects.DutyExecutor} {

@@ -16,14 +16,17 @@ import (
 // The caller holds `supervise`, is a platform supervisor (sup, whose checks are its own), or
 // is the instance's own supervisor or executor, behind whom stands a person: whoever prepared
 // it must still hold `supervise`, read now, or on a supervised gate its assignment must still
-// stand. The manager's registration must authenticate the request.
+// stand. The manager's registration must authenticate the request. A person's ledger row and
+// the gate are read at once, and decided on in that order.
 func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope, sup *Supervision) (*gate.Gate, error) {
 	iid := env.InstanceID
 	ownDuty := sup == nil && (caller.Actor == subjects.SupervisorActor(iid) || caller.Actor == subjects.ExecutorActor(iid))
 	if !ownDuty && sup == nil {
+		gateRead := e.readAhead(ctx, iid)
 		if err := e.requireSupervise(ctx, caller); err != nil {
 			return nil, err
 		}
+		return e.authenticateOn(caller.Owner, env, gateRead)
 	}
 	g, err := e.authenticate(ctx, caller.Owner, env)
 	if err != nil {
@@ -55,16 +58,39 @@ func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *clien
 	return g, nil
 }
 
+// readAhead starts reading iid's gate (as registered reads it) and returns the wait for it.
+// The read ends with ctx at the latest, whether or not anyone waits for it.
+func (e *Engine) readAhead(ctx context.Context, iid string) func() (*gate.Gate, error) {
+	type read struct {
+		g   *gate.Gate
+		err error
+	}
+	done := make(chan read, 1)
+	go func() {
+		g, err := e.registered(ctx, iid)
+		done <- read{g, err}
+	}()
+	return func() (*gate.Gate, error) {
+		r := <-done
+		return r.g, r.err
+	}
+}
+
 // authenticate checks env against the registration of owner's instance (the original's
 // renewal authorizer): this space's data account, the gate registered, open and owner's, the
 // process epoch current, the identities and lifecycle the registered ones, and the current
 // proof, compared in constant time. It returns the gate as read.
 func (e *Engine) authenticate(ctx context.Context, owner string, env *client.Envelope) (*gate.Gate, error) {
+	return e.authenticateOn(owner, env, func() (*gate.Gate, error) { return e.registered(ctx, env.InstanceID) })
+}
+
+// authenticateOn is authenticate with the gate read by read, once the account is checked.
+func (e *Engine) authenticateOn(owner string, env *client.Envelope, read func() (*gate.Gate, error)) (*gate.Gate, error) {
 	iid := env.InstanceID
 	if *env.AccountPublicKey != e.Account {
 		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")
 	}
-	g, err := e.registered(ctx, iid)
+	g, err := read()
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
@@ -65,7 +66,8 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	actors.Put(subjects.ActorKey(testOwner, "cli"), row)
 	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
 	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
-	env.e = &Engine{Space: "default", Account: acctPub, Gates: env.gates, Ledger: actors, Pipeline: pipeline,
+	// The fence bucket's commits group, as the plane's do.
+	env.e = &Engine{Space: "default", Account: acctPub, Gates: fence.Group(env.gates), Ledger: actors, Pipeline: pipeline,
 		Admissions: storetest.New(), Statuses: storetest.New(), Witness: witnessAll{},
 		ProofKey: key, StandingTTL: 24 * time.Hour, MaxInstancesPerOwner: 3}
 	return env

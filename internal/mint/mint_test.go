@@ -1,7 +1,9 @@
 package mint
 
 import (
+	"encoding/base64"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,7 +138,8 @@ func TestVerifyRefusesATokenThatSaysOtherThanWasAsked(t *testing.T) {
 
 // BenchmarkSign compares encoding a user JWT with the cached key against a plain nkeys key
 // pair (which re-derives the private key from the seed on every signature), side by side in
-// one run, and measures the whole Sign (encode, then decode and verify the token again):
+// one run, and measures the whole Sign (encode, then decode the token once and compare it
+// with what was asked):
 // go test -run - -bench Sign ./internal/mint/
 func BenchmarkSign(b *testing.B) {
 	iss, _, signer := newIssuer(b)
@@ -167,4 +170,56 @@ func BenchmarkSign(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The re-check decodes the token once instead of verifying the issuer's own fresh signature
+// again: whatever a token says other than what was asked, or a token that is not one this
+// issuer makes, is still refused.
+func TestVerifyRefusesATokenThatIsNotWhatThisIssuerMakes(t *testing.T) {
+	iss, _, _ := newIssuer(t)
+	other, _, _ := newIssuer(t)
+	u := User{Name: "o.a", Key: userPub(t), Permissions: grant, Expires: time.Now().Add(time.Hour).Truncate(time.Second)}
+	token, err := iss.Sign(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := other.Sign(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// resign re-encodes what the token says, changed by change, signed by this issuer's key.
+	resign := func(change func(*jwt.UserClaims)) string {
+		c, err := jwt.DecodeUserClaims(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(c)
+		out, err := c.Encode(iss.signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	head, rest, _ := strings.Cut(token, ".")
+	payload, sig, _ := strings.Cut(rest, ".")
+	tokens := map[string]string{
+		"another issuer's":           foreign,
+		"a deny list added":          resign(func(c *jwt.UserClaims) { c.Pub.Deny.Add("x") }),
+		"a response permission":      resign(func(c *jwt.UserClaims) { c.Resp = &jwt.ResponsePermission{MaxMsgs: 1} }),
+		"a bearer token":             resign(func(c *jwt.UserClaims) { c.BearerToken = true }),
+		"other limits":               resign(func(c *jwt.UserClaims) { c.Limits.Data = 10 }),
+		"a source network limit":     resign(func(c *jwt.UserClaims) { c.Src.Add("10.0.0.0/8") }),
+		"two segments":               head + "." + payload,
+		"four segments":              token + "." + sig,
+		"a short signature":          head + "." + payload + "." + sig[:20],
+		"another header":             "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5In0." + payload + "." + sig,
+		"a payload that is not JSON": head + "." + base64.RawURLEncoding.EncodeToString([]byte("{")) + "." + sig,
+	}
+	for name, tok := range tokens {
+		t.Run(name, func(t *testing.T) {
+			if err := iss.verify(tok, u); err == nil {
+				t.Fatal("got nil, want the token refused")
+			}
+		})
+	}
 }

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/bench"
+	"github.com/cotal-ai/authplane/service"
+)
+
+// benchCmd starts a plane (embedded broker, or --nats-url), measures it with internal/bench,
+// and prints what it measured: a table, or with --json one object as the last line of stdout.
+// Progress goes to stderr.
+func benchCmd(args []string, stdout, stderr io.Writer) error {
+	cfg := service.Defaults()
+	b := bench.Config{Progress: stderr}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection")
+	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase (after a warm-up of a fifth of it, at most 1s)")
+	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
+	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "the plane's micro service instances (and the echo ceiling's)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
+	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space; with --nats-url, the one its servers were set up with)")
+	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
+	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
+	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first operation's measured phase to this file")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	b.Ops = strings.Split(*ops, ",")
+	b.Workers = cfg.Workers
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	if *dir == "" {
+		tmp, err := os.MkdirTemp("", "authplane-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		*dir = tmp
+	}
+	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
+	cfg.Rate = 0 // the bench measures the plane, not its rate limit
+	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
+	// The plane logs every mint as it does in production; the lines are formatted and dropped.
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		b.CPUProfile = f
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(stderr, "bench: starting a plane (%d workers) in %s\n", cfg.Workers, cfg.Dir)
+	plane, err := service.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	report, err := measure(ctx, plane, b)
+	if cerr := plane.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		data, err := json.Marshal(report)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(data))
+		return err
+	}
+	printReport(stdout, report)
+	return nil
+}
+
+// measure runs the bench against a started plane.
+func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.Report, error) {
+	info := plane.Info()
+	keys, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
+	if err != nil {
+		return nil, err
+	}
+	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys}, b)
+	if err == nil && ctx.Err() != nil {
+		err = errors.New("interrupted")
+	}
+	return r, err
+}
+
+// printReport prints r as a table with the ceilings and ratios.
+func printReport(w io.Writer, r *bench.Report) {
+	fmt.Fprintf(w, "authplane bench: %d requesters (one instance: %v), %d workers, %d CPUs, %s, %.0fs a phase\n",
+		r.Requesters, r.OneInstance, r.Workers, r.CPUs, r.GoVersion, r.DurationS)
+	fmt.Fprintf(w, "%-20s %10s %10s %8s %8s %8s %10s %8s %8s  %s\n",
+		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "refused")
+	fmt.Fprintf(w, "%-20s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s\n",
+		"echo (ceiling)", r.CeilingEchoPerS, "-", r.EchoP50, r.EchoP99, "-", r.EchoCPU, "1", "-")
+	fmt.Fprintf(w, "%-20s %10s %10.0f %8s %8s %8s %10s %8s %8s\n",
+		"mint (ceiling)", "-", r.CeilingMintPerS, "-", "-", "-", "-", "-", "1")
+	for _, p := range r.Operations {
+		fmt.Fprintf(w, "%-20s %10.0f %10.0f %8.2f %8.2f %8.2f %10.0f %8.3f %8.3f  %v\n",
+			p.Op, p.RequestsPerS, p.CredentialsPerS, p.P50, p.P99, p.Max, p.CPUPerRequest, p.RatioToEcho, p.RatioToMint, refusedText(p.Refused))
+	}
+}
+
+func refusedText(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for code, n := range m {
+		parts = append(parts, fmt.Sprintf("%s %d", code, n))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,195 @@
+// Package bench measures a running plane against its own ceilings: N requesters, each its own
+// principal on its own connection, drive renew, renewStandingBundle and prepare for a fixed
+// time, and in the same run a trivial micro echo service (same broker, same N, same body size)
+// and the mint alone (same signer) say what the machine allows.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"time"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/space"
+)
+
+// Operations the bench drives, in the order it drives them: prepare re-registers every
+// instance, so it runs last.
+var Operations = []string{client.OpRenew, client.OpRenewStandingBundle, client.OpPrepare}
+
+// Config is what one run measures.
+type Config struct {
+	// Requesters is N: how many principals request at once, each on its own connection.
+	Requesters int
+	// Duration is how long each measured phase lasts, after a warm-up of a fifth of it (at
+	// most a second) that is not counted.
+	Duration time.Duration
+	// Ops are the operations to drive, a subset of Operations.
+	Ops []string
+	// OneInstance makes every requester renew (or prepare) one shared instance instead of its
+	// own.
+	OneInstance bool
+	// Workers is how many micro service instances serve the echo ceiling: the plane's own
+	// --workers, so both serve the same way.
+	Workers int
+	// Progress receives a line per phase; nil discards them.
+	Progress io.Writer
+	// CPUProfile, when set, receives a CPU profile of the first operation's measured phase.
+	CPUProfile io.Writer
+}
+
+// Validate returns every problem with c at once.
+func (c Config) Validate() error {
+	var p []error
+	if c.Requesters < 1 || c.Requesters > 1024 {
+		p = append(p, fmt.Errorf("--requesters %d: want 1 to 1024", c.Requesters))
+	}
+	if c.Duration < 100*time.Millisecond || c.Duration > 10*time.Minute {
+		p = append(p, fmt.Errorf("--duration %s: want 100ms to 10m", c.Duration))
+	}
+	if c.Workers < 1 {
+		p = append(p, fmt.Errorf("--workers %d: want 1 or more", c.Workers))
+	}
+	if len(c.Ops) == 0 {
+		p = append(p, errors.New("--ops: want at least one of renew, renewStandingBundle, prepare"))
+	}
+	for _, op := range c.Ops {
+		if !slices.Contains(Operations, op) {
+			p = append(p, fmt.Errorf("--ops: %q is not one of renew, renewStandingBundle, prepare", op))
+		}
+	}
+	return errors.Join(p...)
+}
+
+func (c Config) warmup() time.Duration { return min(c.Duration/5, time.Second) }
+
+// Target is the running plane a bench drives.
+type Target struct {
+	// NATSURL is the broker the plane serves on.
+	NATSURL string
+	// Keys is the plane's space material: the bench signs its requesters' credentials, its echo
+	// user and its mint ceiling with it.
+	Keys *space.Keys
+}
+
+// Phase is what one measured phase counted. Rates count successful requests only; refusals
+// are counted apart, by code.
+type Phase struct {
+	Op       string         `json:"op"`
+	Requests int            `json:"requests"`
+	Refused  map[string]int `json:"refused,omitempty"`
+	// RequestsPerS and CredentialsPerS are per second of the phase.
+	RequestsPerS    float64 `json:"requests_per_s"`
+	CredentialsPerS float64 `json:"credentials_per_s"`
+	// Latencies of the successful requests, in milliseconds.
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+	// CPUPerRequest is the process's CPU time (plane, broker and requesters alike, all in this
+	// process unless the broker is elsewhere) per successful request, in microseconds; 0 where
+	// the platform does not say.
+	CPUPerRequest float64 `json:"cpu_us_per_request"`
+	// RatioToEcho and RatioToMint compare the phase with the ceilings of the same run.
+	RatioToEcho float64 `json:"ratio_to_echo"`
+	RatioToMint float64 `json:"ratio_to_mint"`
+}
+
+// Report is a whole run. Its top-level rates are the first operation's; Operations has each.
+type Report struct {
+	Requesters  int    `json:"requesters"`
+	OneInstance bool   `json:"one_instance"`
+	Workers     int    `json:"workers"`
+	CPUs        int    `json:"cpus"`
+	GoVersion   string `json:"go"`
+	// DurationS is each measured phase's length, in seconds.
+	DurationS float64 `json:"duration_s"`
+	Phase
+	// CeilingEchoPerS is the echo service's requests per second at the same N and body size;
+	// EchoP50 and EchoP99 its latencies (ms).
+	CeilingEchoPerS float64 `json:"ceiling_echo_per_s"`
+	EchoP50         float64 `json:"echo_p50_ms"`
+	EchoP99         float64 `json:"echo_p99_ms"`
+	EchoCPU         float64 `json:"echo_cpu_us_per_request"`
+	// CeilingMintPerS is credentials per second signed (and validated) by the plane's mint
+	// alone, with the same signing key, on every CPU.
+	CeilingMintPerS float64 `json:"ceiling_mint_per_s"`
+	Operations      []Phase `json:"operations"`
+}
+
+// Run measures t: it registers the requesters, measures the echo and mint ceilings, then
+// drives each operation of cfg in Operations' order.
+func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	iss, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "bench: registering %d requesters (one instance: %v)\n", cfg.Requesters, cfg.OneInstance)
+	reqs, err := register(ctx, t, cfg)
+	defer closeAll(reqs)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Requesters: cfg.Requesters, OneInstance: cfg.OneInstance, Workers: cfg.Workers,
+		CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
+
+	echo, err := echoCeiling(ctx, t, iss, cfg, reqs)
+	if err != nil {
+		return nil, err
+	}
+	r.CeilingEchoPerS, r.EchoP50, r.EchoP99, r.EchoCPU = echo.RequestsPerS, echo.P50, echo.P99, echo.CPUPerRequest
+	fmt.Fprintf(progress, "bench: echo ceiling %.0f req/s, p50 %.2f ms, p99 %.2f ms\n", echo.RequestsPerS, echo.P50, echo.P99)
+
+	if r.CeilingMintPerS, err = mintCeiling(ctx, iss, t.Keys.Space, cfg); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "bench: mint ceiling %.0f credentials/s\n", r.CeilingMintPerS)
+
+	profiled := false
+	for _, op := range Operations {
+		if !slices.Contains(cfg.Ops, op) {
+			continue
+		}
+		var prof io.Writer
+		if !profiled {
+			prof, profiled = cfg.CPUProfile, true
+		}
+		ph := drive(ctx, cfg, prof, func(ctx context.Context, i int) (int, error) { return reqs[i].do(ctx, op) })
+		ph.Op = op
+		if r.CeilingEchoPerS > 0 {
+			ph.RatioToEcho = ph.RequestsPerS / r.CeilingEchoPerS
+		}
+		if r.CeilingMintPerS > 0 {
+			ph.RatioToMint = ph.CredentialsPerS / r.CeilingMintPerS
+		}
+		fmt.Fprintf(progress, "bench: %s %.0f req/s (%.0f credentials/s), p50 %.2f ms, p99 %.2f ms, refused %v\n",
+			op, ph.RequestsPerS, ph.CredentialsPerS, ph.P50, ph.P99, ph.Refused)
+		r.Operations = append(r.Operations, ph)
+	}
+	r.Phase = r.Operations[0]
+	return r, nil
+}
+
+// startProfile starts a CPU profile into w (nil: none) and returns its stop.
+func startProfile(w io.Writer) (func(), error) {
+	if w == nil {
+		return func() {}, nil
+	}
+	if err := pprof.StartCPUProfile(w); err != nil {
+		return nil, err
+	}
+	return pprof.StopCPUProfile, nil
+}
