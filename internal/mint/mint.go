@@ -114,6 +114,14 @@ func (i *Issuer) Sign(u User) (string, error) {
 	uc.Permissions.Pub.Allow = append(jwt.StringList(nil), u.Permissions.Pub...)
 	uc.Permissions.Sub.Allow = append(jwt.StringList(nil), u.Permissions.Sub...)
 	u.Limits.apply(uc)
+	// jwt/v2 does not validate what it encodes, and the re-check below compares the token with
+	// what was asked, not what was asked with the subject grammar: an empty subject, a `.` at an
+	// end, `..`, or a space in a publish subject would be signed and only refused by the broker.
+	var vr jwt.ValidationResults
+	uc.Validate(&vr)
+	if errs := vr.Errors(); len(errs) > 0 {
+		return "", fmt.Errorf("mint %s: the claims do not validate: %w", u.Name, errors.Join(errs...))
+	}
 	token, err := uc.Encode(i.signer)
 	if err != nil {
 		return "", fmt.Errorf("mint %s: %w", u.Name, err)
@@ -132,8 +140,9 @@ func (i *Issuer) Sign(u User) (string, error) {
 // permissions and limits asked.
 //
 // It does not verify the signature itself: that is this issuer's own, made a moment ago with
-// its cached key, and verifying it cost three times the signing. Authority is in the claims,
-// and they are all compared; a wrong signature could only make the broker refuse the credential.
+// its cached key, and verifying it cost three times the signing. Authority is in the claims:
+// Sign validated them before signing, and verify compares every one that grants or bounds
+// anything with what was asked; a wrong signature could only make the broker refuse the credential.
 func (i *Issuer) verify(token string, u User) error {
 	head, rest, _ := strings.Cut(token, ".")
 	payload, sig, ok := strings.Cut(rest, ".")

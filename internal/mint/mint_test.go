@@ -97,6 +97,24 @@ func TestSignRefusesWhatWouldBeUnsafe(t *testing.T) {
 		"an account key as subject":           {Name: "o.a", Key: account, Permissions: grant, Expires: future},
 		"an expiry in the past":               {Name: "o.a", Key: userPub(t), Permissions: grant, Expires: time.Now().Add(-time.Second)},
 	}
+	// Subjects the broker would refuse: the claims are validated before anything is signed.
+	for name, bad := range map[string]string{
+		"an empty subject":          "",
+		"a trailing dot":            "cotal.a.",
+		"a leading dot":             ".cotal.a",
+		"consecutive dots":          "cotal..a",
+		"a space in a subject":      "cotal.a b",
+		"a queue on a publish":      "cotal.a q",
+		"too many spaces in a sub":  "cotal.a q r",
+		"a queue name with a space": "cotal.a  q",
+	} {
+		pub := append(append([]string(nil), grant.Pub...), bad)
+		sub := append(append([]string(nil), grant.Sub...), bad)
+		cases["publish: "+name] = User{Name: "o.a", Key: userPub(t), Permissions: subjects.Permissions{Pub: pub, Sub: grant.Sub}, Expires: future}
+		if name != "a queue on a publish" && name != "a space in a subject" { // a queue group on a subscription is allowed
+			cases["subscribe: "+name] = User{Name: "o.a", Key: userPub(t), Permissions: subjects.Permissions{Pub: grant.Pub, Sub: sub}, Expires: future}
+		}
+	}
 	for name, u := range cases {
 		t.Run(name, func(t *testing.T) {
 			if token, err := iss.Sign(u); err == nil {
