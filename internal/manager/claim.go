@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/body"
@@ -42,7 +43,7 @@ func claimedElsewhere(d subjects.Duty, nkey string) *fault.Error {
 // checkClaims refuses, before anything is signed, identities another instance has claimed.
 // The commit claims them (claimKeys): this read only spares a doomed mint.
 func (e *Engine) checkClaims(ctx context.Context, iid string, ids client.Identities) error {
-	for _, d := range subjects.StandingDuties {
+	return eachDuty(func(d subjects.Duty) error {
 		o, err := claimOf(e.Gates, ids.Of(d)).Observe(ctx)
 		if err != nil {
 			return fault.Store(err, "reading the claim on identities.%s", d)
@@ -50,15 +51,15 @@ func (e *Engine) checkClaims(ctx context.Context, iid string, ids client.Identit
 		if !o.Absent() && o.Row.InstanceID != iid {
 			return claimedElsewhere(d, ids.Of(d))
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // claimKeys is the commit step that claims each identity for iid, create-only; a claim iid
 // holds already stands, and one another instance holds refuses the commit (already-exists).
 func (e *Engine) claimKeys(iid string, ids client.Identities) issue.Step {
 	return issue.Step{Fence: "the claims on its identities", Commit: func(ctx context.Context) (uint64, error) {
-		for _, d := range subjects.StandingDuties {
+		return 0, eachDuty(func(d subjects.Duty) error { // five keys: no one revision
 			nkey := ids.Of(d)
 			_, err := claimOf(e.Gates, nkey).Update(ctx, func(cur *fence.Observed[claim]) (claim, error) {
 				switch {
@@ -69,10 +70,26 @@ func (e *Engine) claimKeys(iid string, ids client.Identities) issue.Step {
 				}
 				return claim{}, claimedElsewhere(d, nkey)
 			})
-			if err != nil {
-				return 0, err
-			}
-		}
-		return 0, nil // five keys: no one revision
+			return err
+		})
 	}}
+}
+
+// eachDuty runs f for every standing duty at once (five keys, five store round trips that need
+// not wait for one another) and answers the error of the first duty, in their order, that
+// failed: the refusal a caller sees does not depend on which answer came back first. Every f
+// runs to its end: a claim write cut short would be of unknown outcome.
+func eachDuty(f func(subjects.Duty) error) error {
+	errs := make([]error, len(subjects.StandingDuties))
+	var wg sync.WaitGroup
+	for i, d := range subjects.StandingDuties {
+		wg.Go(func() { errs[i] = f(d) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
