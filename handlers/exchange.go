@@ -196,6 +196,11 @@ func (f *face) verifyIdP(ctx context.Context, endpoint, token string) (idp.Subje
 		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unimplemented, "this space trusts no identity provider (--idp-url)"))
 	}
 	sub, err := f.h.IdP.Verify(ctx, token)
+	if errors.Is(err, idp.ErrKeySetUnavailable) {
+		// The plane's outage, not the caller's fault; the cause (an address) is for the log.
+		f.h.Log.Warn("identity provider key set not fetched", "endpoint", endpoint, "err", errors.Unwrap(err))
+		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unavailable, "%s; retry shortly", idp.ErrKeySetUnavailable))
+	}
 	if err != nil {
 		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unauthenticated, "the IdP token is refused: %s", err))
 	}

@@ -310,3 +310,61 @@ func TestThePublicFaceCapsRequestsInFlight(t *testing.T) {
 	})
 	exchange(t, f.PublicURL(), good)
 }
+
+// An anonymous caller that sends a junk token under an unknown kid and hangs up at once does
+// not blind the plane to the IdP's key set: the fetch it set off is the plane's, and lands, and
+// a genuine login after it gets its bearer. Before, the hang-up cancelled the fetch, which still
+// counted as the interval's refresh: every human was refused for 10 s, per anonymous request.
+func TestAHungUpJunkTokenDoesNotBlindTheIdPVerifier(t *testing.T) {
+	t.Parallel()
+	f := startFaces(t, nil)
+	owner := humanOwner(t, f.testPlane, f.ip, "victim")
+	grant(t, f.testPlane, owner, "cli")
+	junk := idptest.Unsigned(t, map[string]any{"alg": "EdDSA", "kid": "nope"}, map[string]any{"sub": "x"}, []byte("sig"))
+	body := fmt.Sprintf(`{"idpToken":%q,"actor":"cli"}`, junk)
+	c, err := net.Dial("tcp", strings.TrimPrefix(f.PublicURL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(c, "POST /exchange HTTP/1.1\r\nHost: mesh\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // hang up at once
+	deadline := time.Now().Add(10 * time.Second)
+	for f.ip.Fetches.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the junk token's key set fetch never reached the IdP")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r := post(t, f.PublicURL()+"/exchange", map[string]any{"idpToken": f.token(t, "victim", time.Hour), "actor": "cli"})
+	if r.Status != http.StatusOK {
+		t.Fatalf("a genuine exchange after a hung-up junk token: got %d %s, want 200", r.Status, r.Body)
+	}
+}
+
+// An IdP whose key set cannot be fetched is the plane's outage, answered 503 unavailable by
+// both doors, and the answer names neither the key set's address nor the dial error.
+func TestAnUnreachableIdPIsUnavailableAndItsAddressIsNotShown(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens there now: every fetch is refused
+	f := startFaces(t, func(c *service.Config) { c.IdP.JWKS = "http://" + dead + "/jwks" })
+	token := f.token(t, "kate", time.Hour)
+	for path, body := range map[string]any{
+		"/exchange":                  map[string]any{"idpToken": token, "actor": "cli"},
+		"/manager-service-authority": map[string]any{"idpToken": token, "request": newManagerKeys(t).body(t, "prepare", "cli")},
+	} {
+		r := post(t, f.PublicURL()+path, body)
+		if r.Status != http.StatusServiceUnavailable || r.code() != "unavailable" {
+			t.Fatalf("%s: got %d %s, want 503 unavailable", path, r.Status, r.Body)
+		}
+		if bytes.Contains(r.Body, []byte(dead)) || bytes.Contains(r.Body, []byte("/jwks")) || bytes.Contains(r.Body, []byte("connection refused")) {
+			t.Fatalf("%s: the refusal shows the key set's address or the dial error: %s", path, r.Body)
+		}
+	}
+}

@@ -35,6 +35,8 @@ const (
 	RefreshEvery = 10 * time.Second
 	// maxJWKS is the largest key set read.
 	maxJWKS = 1 << 20
+	// fetchTimeout bounds one fetch of the key set.
+	fetchTimeout = 5 * time.Second
 )
 
 // Config names the IdP a space trusts.
@@ -73,7 +75,9 @@ type Verifier struct {
 
 	mu        sync.Mutex
 	keys      map[string]ed25519.PublicKey
-	fetchedAt time.Time
+	fetchedAt time.Time     // when the last fetch began
+	fetching  chan struct{} // closed when the fetch in flight ends; nil when none is
+	fetchErr  error         // the last fetch's failure, or nil
 }
 
 // New returns a verifier for cfg; now is the clock.
@@ -84,7 +88,7 @@ func New(cfg Config, now func() time.Time) (*Verifier, error) {
 	if cfg.Issuer == "" || cfg.Audience == "" {
 		return nil, errors.New("an IdP needs an issuer and an audience")
 	}
-	return &Verifier{cfg: cfg, http: &http.Client{Timeout: 5 * time.Second}, now: now}, nil
+	return &Verifier{cfg: cfg, http: &http.Client{Timeout: fetchTimeout}, now: now}, nil
 }
 
 // Config is what the verifier was made for.
@@ -273,27 +277,80 @@ func loneSurrogate(s string) bool {
 	return high
 }
 
+// ErrKeySetUnavailable is the IdP's key set not being fetched: the plane's outage, not the
+// caller's fault. Its text names no address; the cause is for the plane's log (errors.Unwrap).
+var ErrKeySetUnavailable = errors.New("the identity provider's key set could not be fetched")
+
+// unavailable wraps a fetch's cause under ErrKeySetUnavailable, whose text alone is shown.
+type unavailable struct{ cause error }
+
+func (u unavailable) Error() string   { return ErrKeySetUnavailable.Error() }
+func (u unavailable) Is(t error) bool { return t == ErrKeySetUnavailable }
+func (u unavailable) Unwrap() error   { return u.cause }
+
+var errUnknownKid = errors.New("the token's kid is not in the IdP's key set")
+
 // key returns the IdP key kid names (with no kid, the one key of the set), fetching the key
 // set when it has none yet or, at most every RefreshEvery, when kid is unknown.
+//
+// One fetch runs at a time, outside the lock, and every caller that needs it waits for it (or
+// for its own ctx). The fetch is the verifier's, not the caller's: a caller that hangs up does
+// not cut it short, so it cannot spend the refresh that a genuine token after it needs. Within
+// RefreshEvery of a failed fetch the answer is ErrKeySetUnavailable, not an unknown kid.
 func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, error) {
+	v.mu.Lock()
+	if k, ok := v.find(kid); ok {
+		v.mu.Unlock()
+		return k, nil
+	}
+	done := v.fetching
+	if done == nil {
+		if !v.fetchedAt.IsZero() && v.now().Sub(v.fetchedAt) < RefreshEvery {
+			err := v.missing()
+			v.mu.Unlock()
+			return nil, err
+		}
+		v.fetchedAt = v.now()
+		done = make(chan struct{})
+		v.fetching = done
+		go v.refresh(done)
+	}
+	v.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, unavailable{ctx.Err()}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if k, ok := v.find(kid); ok {
 		return k, nil
 	}
-	if !v.fetchedAt.IsZero() && v.now().Sub(v.fetchedAt) < RefreshEvery {
-		return nil, errors.New("the token's kid is not in the IdP's key set")
+	return nil, v.missing()
+}
+
+// missing is why a kid the cache lacks is refused: the last fetch failed, or the set lacks it.
+// The caller holds the lock.
+func (v *Verifier) missing() error {
+	if v.fetchErr != nil {
+		return unavailable{v.fetchErr}
 	}
-	v.fetchedAt = v.now()
+	return errUnknownKid
+}
+
+// refresh fetches the key set and closes done; a failed fetch keeps the keys held before.
+func (v *Verifier) refresh(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
 	keys, err := v.fetch(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("the IdP's key set could not be fetched: %w", err)
+	cancel()
+	v.mu.Lock()
+	if err == nil {
+		v.keys = keys
 	}
-	v.keys = keys
-	if k, ok := v.find(kid); ok {
-		return k, nil
-	}
-	return nil, errors.New("the token's kid is not in the IdP's key set")
+	v.fetchErr = err
+	v.fetching = nil
+	v.mu.Unlock()
+	close(done)
 }
 
 // find looks kid up in the cached set; the caller holds the lock.

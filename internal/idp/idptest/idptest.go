@@ -28,6 +28,9 @@ type IdP struct {
 	KID      string
 	// Fetches counts the JWKS requests served.
 	Fetches atomic.Int64
+	// Stall, when it holds a channel, holds every JWKS answer until that channel closes (or the
+	// request is cancelled): a slow IdP.
+	Stall atomic.Pointer[chan struct{}]
 }
 
 // New starts an IdP whose JWKS is at Server.URL + "/jwks"; it stops when the test ends.
@@ -55,6 +58,13 @@ func New(t testing.TB) *IdP {
 			return
 		}
 		p.Fetches.Add(1)
+		if stall := p.Stall.Load(); stall != nil {
+			select {
+			case <-*stall:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		w.Header().Set("Content-Type", "application/json")
 		if _, err := w.Write(set); err != nil {
 			t.Errorf("jwks: %v", err)
