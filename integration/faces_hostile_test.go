@@ -347,12 +347,7 @@ func TestAHungUpJunkTokenDoesNotBlindTheIdPVerifier(t *testing.T) {
 // both doors, and the answer names neither the key set's address nor the dial error.
 func TestAnUnreachableIdPIsUnavailableAndItsAddressIsNotShown(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := l.Addr().String()
-	l.Close() // nothing listens there now: every fetch is refused
+	dead := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0]) // nothing listens there: every fetch is refused
 	f := startFaces(t, func(c *service.Config) { c.IdP.JWKS = "http://" + dead + "/jwks" })
 	token := f.token(t, "kate", time.Hour)
 	for path, body := range map[string]any{
