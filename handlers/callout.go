@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/idp"
@@ -208,10 +209,11 @@ func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string
 		return "", fault.Wrap(fault.Internal, err, "the %s permissions", duty)
 	}
 	issued, err := c.Pipeline.Issue(ctx, issue.Plan{
-		Request: about,
-		Grants:  []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
-		Ceiling: issue.Ceiling{At: claims.Expires, What: "the bearer"},
-		Steps:   []issue.Step{issue.Unchanged(o)},
+		Instance: claim.ServerChosen, // the broker chose the key for this one connection
+		Request:  about,
+		Grants:   []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
+		Ceiling:  issue.Ceiling{At: claims.Expires, What: "the bearer"},
+		Steps:    []issue.Step{issue.Unchanged(o)},
 	})
 	if err != nil {
 		return "", err

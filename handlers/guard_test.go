@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
@@ -233,8 +234,9 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 	if _, err := ledger.SetScope(context.Background(), actors, owner, "cli", []string{ledger.Supervise}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: storetest.New(), Ledger: actors,
-		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now},
+	gates := storetest.New()
+	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: gates, Ledger: actors,
+		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: gates}, Now: time.Now},
 		ProofKey:    []byte(strings.Repeat("k", 32)),
 		StandingTTL: time.Hour, MaxInstancesPerOwner: 64}
 	fn := ManagerAuthority(engine)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -38,7 +39,7 @@ func newRaceWatch(t testing.TB) *raceWatch {
 		c.Workers = 8
 		c.Hooks = &service.Hooks{
 			AfterEndStep: func(iid string, step int) error {
-				if step == 1 {
+				if step == supervisor.StepFrozen {
 					return w.frozen(t, iid)
 				}
 				return nil

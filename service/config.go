@@ -105,8 +105,8 @@ type Config struct {
 type Hooks struct {
 	// BeforeCommit runs after a mint is signed and recorded, before its commit fence.
 	BeforeCommit func()
-	// AfterEndStep runs after each step (1 to 5) of the supervisor-end of instance iid; an error
-	// stops the end there, as a crash would.
+	// AfterEndStep runs after each step (1 to supervisor.EndSteps) of the supervisor-end of
+	// instance iid; an error stops the end there, as a crash would.
 	AfterEndStep func(iid string, step int) error
 }
 

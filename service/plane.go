@@ -19,9 +19,9 @@ import (
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
-	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -72,7 +72,7 @@ type Plane struct {
 	callout   atomic.Pointer[nats.Conn]
 	metrics   *metrics.Metrics
 	// revocations is the data account's revocation set, applied through the system user.
-	revocations *supervisor.Revocations
+	revocations *revocation.Set
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -236,16 +236,20 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.revocations = &supervisor.Revocations{
+	sign := func(revoked map[string]int64) (string, int64, error) {
+		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
+	}
+	p.revocations = &revocation.Set{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
-		Sign: func(revoked map[string]int64) (string, error) {
-			return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
-		},
-		Broker: broker.Account{NC: system, Public: p.keys.Data.Public()},
-		Now:    p.cfg.Now,
+		Sign:    sign,
+		Broker:  broker.Account{NC: system, Public: p.keys.Data.Public()},
+		Now:     p.cfg.Now,
 	}
 	if p.keys.OperatorSigner == nil {
+		// This plane signs no account JWT; ends still put keys on the set for a plane that
+		// can, sized as if it signed one.
+		p.revocations.Capacity = int((system.MaxPayload() - 8<<10) / revocation.PerKey)
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
@@ -256,12 +260,13 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err := broker.PushAccount(ctx, system, p.keys.Plane.Public(), plane); err != nil {
 		return fmt.Errorf("plane account exports: %w", err)
 	}
-	applied, err := p.revocations.Apply(ctx, nil, true)
-	if err != nil {
+	// The account JWT that carries the set is pushed to, and read back from, every server in
+	// one message: the broker's largest bounds how many keys the set holds.
+	if p.revocations.Capacity, err = revocation.Capacity(sign, system.MaxPayload()); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
-	if !applied.Done {
-		return fmt.Errorf("data account policy: %s", applied.Reason)
+	if err := p.revocations.Reapply(ctx); err != nil {
+		return fmt.Errorf("data account policy: %w", err)
 	}
 	return nil
 }

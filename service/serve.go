@@ -7,6 +7,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -50,7 +51,8 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Now: cfg.Now, Fenced: p.fenced.Load,
+	claims := &claim.Claims{KV: p.stores.Auth}
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
@@ -82,6 +84,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		Accepted:    p.stores.Accepted,
 		Engine:      engine,
 		Minted:      p.stores,
+		Claims:      claims,
 		Revocations: p.revocations,
 		Audit:       recorder,
 		MaxTTL:      cfg.MaxAssignmentTTL,

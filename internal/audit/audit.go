@@ -90,8 +90,11 @@ type Decision struct {
 	Credentials []Credential `json:"credentials,omitempty"`
 	// Assignment is the platform supervisor assignment an `assigned` or `ended` record is about.
 	Assignment *Assignment `json:"assignment,omitempty"`
-	// Revoked are the user nkeys an `ended` record put on the data account's revocation set.
-	Revoked []string `json:"revoked,omitempty"`
+	// Revoked are the user nkeys an `ended` record revokes at the broker; Unrevoked those of them
+	// the broker is not known to revoke (past the revocation set's ceiling, no operator signing
+	// key, or not confirmed by the deadline).
+	Revoked   []string `json:"revoked,omitempty"`
+	Unrevoked []string `json:"unrevoked,omitempty"`
 	// Bearer is the bearer an `exchanged` record is about.
 	Bearer *Bearer `json:"bearer,omitempty"`
 	At     int64   `json:"at"` // milliseconds
@@ -158,11 +161,12 @@ type window struct {
 	counts map[string]int
 }
 
-// Minted writes one `minted` record per credential, before the mint commits, all at once: each
-// waits for its own ack, none for another's. A write of unknown outcome is retried until ctx
-// ends, each record under the message id mintID.<nkey>, so a retry that meets a write that did
-// land adds no second record. An error means the mint must not commit.
-func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mintID string) error {
+// Minted writes one `minted` record per credential, filed under instance iid (the instance
+// the keys are claimed by: what an end of it revokes), before the mint commits, all at once:
+// each waits for its own ack, none for another's. A write of unknown outcome is retried until
+// ctx ends, each record under the message id mintID.<nkey>, so a retry that meets a write that
+// did land adds no second record. An error means the mint must not commit.
+func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Credential, mintID string) error {
 	at := w.now().UnixMilli()
 	errs := make([]error, len(creds))
 	var wg sync.WaitGroup
@@ -172,7 +176,7 @@ func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mi
 			return err
 		}
 		write := func() {
-			subject := subjects.MintedSubject(w.space, req.InstanceID, c.NKey)
+			subject := subjects.MintedSubject(w.space, iid, c.NKey)
 			if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
 				w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
 				errs[i] = fmt.Errorf("record minted %s: %w", c.NKey, err)
@@ -220,9 +224,10 @@ func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
 }
 
 // Ended records the end of a platform supervisor assignment: why (reason, as the caller gave
-// it, at most fault.MaxMessage bytes), and every credential key it revoked.
-func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked []string) {
-	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked}, nil)
+// it, at most fault.MaxMessage bytes), every credential key it revoked, and those of them the
+// broker is not known to revoke.
+func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked, unrevoked []string) {
+	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked, Unrevoked: unrevoked}, nil)
 }
 
 // Exchanged records a bearer issued by /exchange to the caller of req.

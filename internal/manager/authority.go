@@ -8,6 +8,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -198,9 +199,6 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
-	if err := e.checkClaims(ctx, req.InstanceID, *req.Identities); err != nil {
-		return nil, err
-	}
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
@@ -213,7 +211,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		if err := e.checkQuota(ctx, caller.Owner); err != nil {
 			return nil, err
 		}
-		steps = append(steps, e.joinQuota(caller.Owner, req.InstanceID))
+		steps = append(steps, e.takeSlot(ctx, caller.Owner, req.InstanceID))
 		principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
 		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
@@ -228,9 +226,9 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if sup != nil {
 		row.SupervisedUntil = sup.Until.Unix()
 	}
-	// The nkeys are claimed in the same commit, before the gate: each belongs to this
-	// instance for life.
-	steps = append(steps, e.claimKeys(req.InstanceID, *req.Identities), issue.Replaced(g, row))
+	// The registration binds all five identities, which later mints sign: the pipeline claims
+	// them for the instance in this commit, before the quota and the gate.
+	steps = append(steps, issue.Replaced(g, row))
 	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
@@ -334,11 +332,17 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // refused once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
-	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
+	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, identityKey(req.Identities), duties...)
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	plan := issue.Plan{Instance: claim.MustInstance(iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	if req.Operation == OpPrepare {
+		for _, d := range subjects.StandingDuties {
+			nkey, field := identityKey(req.Identities)(d)
+			plan.Binds = append(plan.Binds, issue.Key{NKey: nkey, Field: field})
+		}
+	}
 	if sup != nil {
 		plan.Hook = sup.Hook
 	}
@@ -365,8 +369,14 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	return m, nil
 }
 
-// grants are the credentials of duties for holder, each for the key keyOf names for it.
-func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string, duties ...subjects.Duty) ([]issue.Grant, error) {
+// identityKey is the key of a duty among a request's identities, and the field that names it.
+func identityKey(ids *client.Identities) func(subjects.Duty) (string, string) {
+	return func(d subjects.Duty) (string, string) { return ids.Of(d), "identities." + string(d) }
+}
+
+// grants are the credentials of duties for holder, each for the key keyOf names for it (and
+// the field that named it).
+func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) (string, string), duties ...subjects.Duty) ([]issue.Grant, error) {
 	var out []issue.Grant
 	for _, d := range duties {
 		actor, perms, err := subjects.PermissionsOf(d, holder)
@@ -377,7 +387,8 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string
 		if d == subjects.DutyExecutor {
 			ttl = min(ttl, ExecutorTTL)
 		}
-		out = append(out, issue.Grant{Duty: d, Key: keyOf(d), Principal: subjects.Principal(holder.Owner, actor), TTL: ttl, Permissions: perms})
+		key, field := keyOf(d)
+		out = append(out, issue.Grant{Duty: d, Key: key, Field: field, Principal: subjects.Principal(holder.Owner, actor), TTL: ttl, Permissions: perms})
 	}
 	return out, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -65,7 +66,7 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	}
 	actors.Put(subjects.ActorKey(testOwner, "cli"), row)
 	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
-	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
+	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: env.gates}, Now: time.Now}
 	// The fence bucket's commits group, as the plane's do.
 	env.e = &Engine{Space: "default", Account: acctPub, Gates: fence.Group(env.gates), Ledger: actors, Pipeline: pipeline,
 		Admissions: storetest.New(), Statuses: storetest.New(), Witness: witnessAll{},

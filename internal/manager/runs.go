@@ -8,6 +8,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -206,12 +207,18 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 		held = *next
 	}
 	keys := map[subjects.Duty]string{subjects.DutyDriver: held.DriverID, subjects.DutyMediator: held.MediatorID}
+	fields := map[subjects.Duty]string{subjects.DutyDriver: "attempt.driverId", subjects.DutyMediator: "attempt.mediatorId"}
+	if next == nil {
+		fields = map[subjects.Duty]string{subjects.DutyDriver: "the run fence's driverId", subjects.DutyMediator: "the run fence's mediatorId"}
+	}
 	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: env.InstanceID, RunID: held.RunID}
-	grants, err := e.grants(holder, func(d subjects.Duty) string { return keys[d] }, subjects.DutyDriver, subjects.DutyMediator)
+	grants, err := e.grants(holder, func(d subjects.Duty) (string, string) { return keys[d], fields[d] }, subjects.DutyDriver, subjects.DutyMediator)
 	if err != nil {
 		return nil, err
 	}
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
+	// The run's keys are claimed for the instance in the mint's commit, by the pipeline: a key
+	// another instance holds is refused before anything is signed.
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
 		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err

@@ -29,17 +29,20 @@ type DataPolicy struct {
 // re-sign an account JWT, and says so.
 var ErrNoOperatorSigner = errors.New("the operator signing key is not in the space material")
 
-// DataAccountJWT signs the data account's claims under p with the operator signing key, newer
-// than any signed before it, for the broker's resolver.
-func (m *Keys) DataAccountJWT(p DataPolicy) (string, error) {
+// DataAccountJWT signs the data account's claims under p with the operator signing key, and
+// returns the JWT and its issue time (unix seconds, from the wall clock: the JWT library stamps
+// it). Resolvers keep the newer of two JWTs by that time. Without the operator signing key it
+// is ErrNoOperatorSigner.
+func (m *Keys) DataAccountJWT(p DataPolicy) (string, int64, error) {
 	if m.OperatorSigner == nil {
-		return "", ErrNoOperatorSigner
+		return "", 0, ErrNoOperatorSigner
 	}
-	token, err := m.dataClaims(p).Encode(m.OperatorSigner)
+	claims := m.dataClaims(p)
+	token, err := claims.Encode(m.OperatorSigner)
 	if err != nil {
-		return "", fmt.Errorf("sign %s account JWT: %w", m.Data.Name, err)
+		return "", 0, fmt.Errorf("sign %s account JWT: %w", m.Data.Name, err)
 	}
-	return token, nil
+	return token, claims.IssuedAt, nil
 }
 
 // dataClaims are the data account's claims: every credential the plane mints lives here, so it

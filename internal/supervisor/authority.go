@@ -89,7 +89,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 	}
 	a := o.Row
 	switch {
-	case a.State == client.StateEnded:
+	case a.over():
 		return nil, about, Ended(env.Owner, nil)
 	case o.Revision != *env.AssignmentRevision:
 		return nil, about, fault.New(fault.PermissionDenied, "assignmentRevision %d is not the revision of owner %s's assignment in force", *env.AssignmentRevision, env.Owner)
