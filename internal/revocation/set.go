@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -336,24 +335,14 @@ var errTooSoon = errors.New("too soon to sign again")
 // carries them, and one push and one read-back confirm them all.
 func (r *rounds) serve(ctx context.Context) {
 	s := r.s
-	t0 := time.Now()
-	var marks []string
-	mark := func(what string) { marks = append(marks, what+"="+time.Since(t0).Round(time.Millisecond).String()) }
-	defer func() {
-		if os.Getenv("DEBUG_END") != "" {
-			fmt.Fprintf(os.Stderr, "ROUND %v\n", marks)
-		}
-	}()
 	if err := s.waitPast(ctx, r.last); err != nil {
 		return // the deadline: run closes whoever waited
 	}
 	ws, _ := s.open()
-	mark(fmt.Sprintf("wait(n=%d)", len(ws)))
 	if len(ws) == 0 {
 		return
 	}
 	o, token, err := s.addAndSign(ctx, ws, r.last, r.force)
-	mark(fmt.Sprintf("add(%v,%v)", token != "", err))
 	switch {
 	case errors.Is(err, errTooSoon):
 		r.last = max(r.last, o.Row.IssuedAt) // another replica signed in this second
@@ -402,12 +391,10 @@ func (r *rounds) serve(ctx context.Context) {
 		r.pause(ctx)
 		return
 	}
-	mark("push")
 	if err := r.confirm(ctx, ws, o.Row.IssuedAt); err != nil {
 		r.note(err)
 		r.force = true
 	}
-	mark(fmt.Sprintf("confirm(%d)", o.Row.IssuedAt))
 }
 
 // release closes the waiters of ws whose keys every server revokes in held (with a JWT issued at

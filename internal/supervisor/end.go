@@ -101,18 +101,8 @@ func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit
 		func(context.Context) error { return e.revoke(work) },
 		func(context.Context) error { return e.evict(work) },
 		e.finish}
-	t0 := time.Now()
-	var times []string
-	defer func() {
-		if os.Getenv("DEBUG_END") != "" {
-			fmt.Fprintf(os.Stderr, "END %s total %v steps %v\n", e.l.iid[:6], time.Since(t0).Round(time.Millisecond), times)
-		}
-	}()
 	for i, step := range steps {
-		ts := time.Now()
-		err := step(ctx)
-		times = append(times, time.Since(ts).Round(time.Millisecond).String())
-		if err != nil {
+		if err := step(ctx); err != nil {
 			return nil, about, err
 		}
 		if s.AfterEndStep != nil {
