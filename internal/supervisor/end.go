@@ -3,11 +3,8 @@ package supervisor
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"sync"
-	"time"
 	"unicode"
 
 	"github.com/cotal-ai/authplane/client"
