@@ -52,6 +52,9 @@ type Info struct {
 	CreatedMaterial bool
 	// Embedded says the plane runs its own nats-server.
 	Embedded bool
+	// RevocationCapacity is the most keys the data account's revocation set holds: as many as
+	// the account JWT that carries them can within one message of the broker.
+	RevocationCapacity int
 }
 
 // Plane is a running authority plane.
@@ -214,7 +217,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
-	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
+	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "revocation_capacity", p.info.RevocationCapacity,
 		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
@@ -250,6 +253,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 		// This plane signs no account JWT; ends still put keys on the set for a plane that
 		// can, sized as if it signed one.
 		p.revocations.Capacity = int((system.MaxPayload() - 8<<10) / revocation.PerKey)
+		p.info.RevocationCapacity = p.revocations.Capacity
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
@@ -265,6 +269,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if p.revocations.Capacity, err = revocation.Capacity(sign, system.MaxPayload()); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
+	p.info.RevocationCapacity = p.revocations.Capacity
 	if err := p.revocations.Reapply(ctx); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
