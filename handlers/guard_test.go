@@ -37,7 +37,7 @@ type guardEnv struct {
 func newGuardEnv(rate float64, burst int) *guardEnv {
 	e := &guardEnv{records: storetest.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
+	e.g = &Guard{Limiter: NewLimiter(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
 	return e
 }
 

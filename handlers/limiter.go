@@ -12,16 +12,20 @@ import (
 type Limiter struct {
 	rate  rate.Limit
 	burst int
+	now   func() time.Time
 
 	mu      sync.Mutex
 	buckets map[string]*rate.Limiter
 	swept   time.Time
 }
 
-// NewLimiter allows each principal perSecond requests a second with bursts of burst. A
-// perSecond of zero or less disables limiting.
-func NewLimiter(perSecond float64, burst int) *Limiter {
-	return &Limiter{rate: rate.Limit(perSecond), burst: burst, buckets: map[string]*rate.Limiter{}}
+// NewLimiter allows each principal perSecond requests a second with bursts of burst, on the
+// clock now (nil: time.Now). A perSecond of zero or less disables limiting.
+func NewLimiter(perSecond float64, burst int, now func() time.Time) *Limiter {
+	if now == nil {
+		now = time.Now
+	}
+	return &Limiter{rate: rate.Limit(perSecond), burst: burst, now: now, buckets: map[string]*rate.Limiter{}}
 }
 
 // Allow takes one token from principal's bucket.
@@ -29,7 +33,7 @@ func (l *Limiter) Allow(principal string) bool {
 	if l == nil || l.rate <= 0 {
 		return true
 	}
-	now := time.Now()
+	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if now.Sub(l.swept) > time.Minute {

@@ -14,7 +14,9 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -197,14 +199,17 @@ func (c Config) Validate() error {
 		// serves must end in the third that is left.
 		bad("--plane-user-ttl %s: want more than three times --request-timeout (%s)", c.PlaneUserTTL, c.RequestTimeout)
 	}
-	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
-		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)
+	// A revoked key stays on the revocation set for the longest life a credential may have:
+	// the standing TTL's bound is that life.
+	if c.StandingTTL < 5*time.Second || c.StandingTTL > revocation.LongestLife {
+		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, revocation.LongestLife)
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)
 	}
-	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > 100000 {
-		bad("--max-instances-per-owner %d: want 1 to 100000", c.MaxInstancesPerOwner)
+	// An owner's instances are one row of the fence bucket: the flag is bounded by what it holds.
+	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > manager.MaxInstancesPerOwner {
+		bad("--max-instances-per-owner %d: want 1 to %d", c.MaxInstancesPerOwner, manager.MaxInstancesPerOwner)
 	}
 	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
 		p = append(p, err)

@@ -119,7 +119,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
-	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
+		if p.stores == nil { // scraped only once the HTTP face serves, after the stores opened
+			return 0
+		}
+		return p.stores.Retries.Load()
+	})
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -224,6 +229,10 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// FenceRetries is how many fence writes the plane's stores retried (a lost CAS, an unknown
+// outcome): what its metrics export as authplane_cas_retries_total.
+func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports, the revocation set) and pushes them to

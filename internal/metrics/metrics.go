@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
@@ -32,8 +31,8 @@ type Metrics struct {
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
-// was fenced by a newer instance.
-func New(epoch func() uint64, fenced func() bool) *Metrics {
+// was fenced by a newer instance, retries how many fence writes its stores retried.
+func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -69,7 +68,7 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
-		}, func() float64 { return float64(fence.Retries.Load()) }),
+		}, func() float64 { return float64(retries()) }),
 		kvErrors("cas_lost", store.Errors.CASLost.Load),
 		kvErrors("full", store.Errors.Full.Load),
 		kvErrors("unknown_outcome", store.Errors.UnknownOutcome.Load),
