@@ -92,6 +92,9 @@ type Config struct {
 	WitnessBytes int64
 	MintedBytes  int64
 	AuditBytes   int64
+	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
+	// streams holds, per space.
+	AuditorConsumers int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
@@ -154,6 +157,7 @@ func Defaults() Config {
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		AuditorConsumers:     store.DefaultReaderConsumers,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
 	}
@@ -234,6 +238,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
+		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)

@@ -26,3 +26,28 @@ func (m *Metrics) HTTPRefused(face, budget string) {
 		m.budgets.WithLabelValues(face, budget).Inc()
 	}
 }
+
+// Why an auditor's consumer creation was refused, the label of
+// authplane_auditor_consumers_refused_total.
+const (
+	// AuditorConsumerPush is a push consumer: it would deliver where its creator said.
+	AuditorConsumerPush = "push"
+	// AuditorConsumerLimit is a stream at its max_consumers (--auditor-consumers).
+	AuditorConsumerLimit = "max_consumers"
+	// AuditorConsumerMalformed is a request that is not a consumer creation of those streams.
+	AuditorConsumerMalformed = "malformed"
+)
+
+func newAuditorConsumers() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "authplane_auditor_consumers_refused_total",
+		Help: "Auditors' consumer creations on the minted and audit streams refused, by reason (push, max_consumers, malformed).",
+	}, []string{"reason"})
+}
+
+// AuditorConsumerRefused counts one auditor's consumer creation refused for reason.
+func (m *Metrics) AuditorConsumerRefused(reason string) {
+	if m != nil {
+		m.auditors.WithLabelValues(reason).Inc()
+	}
+}
