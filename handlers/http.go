@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -357,8 +358,8 @@ func (f *face) capOK(r *http.Request) bool {
 	return f.h.Cap != "" && subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+f.h.Cap)) == 1
 }
 
-// peer names whom a request's budget is charged to: the socket's address, or on the public
-// face behind a trusted proxy the last X-Forwarded-For hop.
+// peer names whom a request's budgets are charged to: the socket's address, or on the public
+// face behind a trusted proxy the last X-Forwarded-For hop (peerOf).
 func (f *face) peer(r *http.Request) string {
 	if !f.public {
 		return "loopback"
@@ -367,15 +368,38 @@ func (f *face) peer(r *http.Request) string {
 		if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
 			hops := strings.Split(xff[len(xff)-1], ",")
 			if hop := strings.TrimSpace(hops[len(hops)-1]); hop != "" {
-				return hop
+				return peerOf(hop)
 			}
 		}
 	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		return peerOf(r.RemoteAddr)
 	}
-	return host
+	return peerOf(host)
+}
+
+// peerOf is the peer an address is charged to: an IPv4 address, or an IPv6 address's /64 (one
+// host is routinely given a whole /64, and would otherwise be as many peers as it likes),
+// without a port (a proxy that adds the client's would make each connection a peer). What is
+// not an IP address is its own peer.
+func peerOf(addr string) string {
+	ip, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]"))
+	if ap, perr := netip.ParseAddrPort(addr); err != nil && perr == nil {
+		ip, err = ap.Addr(), nil
+	}
+	if err != nil {
+		return addr
+	}
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	prefix, err := ip.WithZone("").Prefix(64)
+	if err != nil {
+		return addr
+	}
+	return prefix.String()
 }
 
 // errBusy answers a request past a face's cap on requests in flight.
