@@ -283,11 +283,11 @@ var contentJSON = regexp.MustCompile(`^application/json\b`)
 // doorFunc serves a door's body: a reply, or a refusal.
 type doorFunc func(ctx context.Context, peer string, data []byte) (any, *fault.Error)
 
-// door wraps a POST door in the face's guards, in DESIGN §7's order: 405 not POST, 403 any
-// Origin, 415 not JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a
-// minute, 413 over MaxBody, 400 not JSON. A refusal past them counts against the peer's
-// budget; once the budget is spent a refusal is 429 and withholds its reason, while a valid
-// credential still succeeds.
+// door wraps a POST door in the face's guards, in order: 405 not POST, 403 any Origin, 415 not
+// JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a minute, 503
+// past the loopback doors' slots, then the body: 503 not in within BodyTimeout, 413 over
+// MaxBody, 400 not JSON. A refusal past them counts against the peer's budget; once the budget
+// is spent a refusal is 429 and withholds its reason, while a valid credential still succeeds.
 func (f *face) door(serve doorFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
