@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/metrics"
@@ -55,7 +56,7 @@ type Refusals interface {
 // fence, and the refusal record. Decisions are recorded in two places only: the guard records
 // `refused`; the issuance pipeline records `minted` and `discarded`.
 type Guard struct {
-	Limiter *Limiter
+	Limiter *budget.Buckets
 	Audit   Refusals
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too. Nil: never.

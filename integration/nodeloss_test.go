@@ -154,8 +154,8 @@ type nodeLossLoad struct {
 	c *cluster
 	// planes are the replicas under load: their fence retries are counted.
 	planes []*testPlane
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// clients close once every requester has stopped.
 	clients []*client.Client
 

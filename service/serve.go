@@ -7,6 +7,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -94,7 +95,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst, cfg.Now), Audit: recorder, Fenced: p.fenced.Load,
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), Audit: recorder, Fenced: p.fenced.Load,
 		Draining: p.draining.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
