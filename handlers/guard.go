@@ -135,6 +135,9 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
 	refusal = fault.As(err)
+	if past := (*budget.Exceeded)(nil); errors.As(refusal.Cause, &past) {
+		g.Metrics.TenantBudgetRefused(past.Budget)
+	}
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
 		g.Audit.Refused(ctx, about, refusal)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/client"
@@ -267,4 +268,106 @@ func (a *atomicStep) hook(iid string, step int) error {
 		return errors.New("crashed (test hook)")
 	}
 	return nil
+}
+
+// budgetRefusals is what the plane's metrics count of refusals past the tenant budget b.
+func budgetRefusals(t testing.TB, p *testPlane, b string) float64 {
+	t.Helper()
+	fam := scrape(t, p.HTTPURL())["authplane_tenant_budget_refused_total"]
+	if fam == nil {
+		t.Fatalf("no authplane_tenant_budget_refused_total series")
+	}
+	for _, m := range fam.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "budget" && l.GetValue() == b {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series of budget %s", b)
+	return 0
+}
+
+// TestReRegisteringOneInstanceIsBoundedPerInstanceAndPerOwner: re-registering one instance
+// with fresh keys (what once filled the shared minted stream from one principal) is refused
+// resource-exhausted past --reregistrations-per-instance, writing nothing and counted; another
+// instance of the owner still re-registers until the owner's own budget is spent; another
+// owner's is untouched, and renewals of a refused instance go on.
+func TestReRegisteringOneInstanceIsBoundedPerInstanceAndPerOwner(t *testing.T) {
+	t.Parallel()
+	// A tenth of each hourly budget at once: two re-registrations of an instance, four of the owner.
+	p := startPlane(t, func(c *service.Config) { c.ReregistrationsPerInstance, c.ReregistrationsPerOwner = 20, 40 })
+	grant(t, p, ownerA, "cli", "supervise")
+	grant(t, p, ownerB, "cli", "supervise")
+	cli := callerConn(t, p, ownerA, "cli")
+	one, other := newManagerKeys(t), newManagerKeys(t)
+	registered(t, cli, ownerA, "cli", one)
+	registered(t, cli, ownerA, "cli", other)
+	again := func(m *managerKeys) outcome {
+		fresh := newManagerKeys(t) // the same instance and lifecycle, fresh keys
+		fresh.iid, fresh.uid = m.iid, m.uid
+		fresh.Manager.InstanceID, fresh.Manager.LifecycleUID = m.iid, m.uid
+		return askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, fresh.body(t, "prepare", "cli"))
+	}
+	for i := range 2 {
+		if o := again(one); o.code != "" {
+			t.Fatalf("re-registration %d of the instance: got %s %q, want it issued", i+1, o.code, o.message)
+		}
+	}
+	before := storeSeqs(t, p)
+	o := again(one)
+	if o.code != "resource-exhausted" || !strings.Contains(o.message, "--reregistrations-per-instance") || len(o.material.Credentials) != 0 {
+		t.Fatalf("a third re-registration of the instance: got %s %q, want resource-exhausted naming the budget and nothing", o.code, o.message)
+	}
+	wantUnwritten(t, p, "a re-registration past the instance's budget", before)
+	if n := budgetRefusals(t, p, "reregistrations_instance"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the instance's budget, want 1", n)
+	}
+	for i := range 2 {
+		if o := again(other); o.code != "" {
+			t.Fatalf("re-registration %d of the owner's other instance: got %s %q, want it issued", i+1, o.code, o.message)
+		}
+	}
+	if o := again(newRegistered(t, p, cli, ownerA)); o.code != "resource-exhausted" || !strings.Contains(o.message, "--reregistrations-per-owner") {
+		t.Fatalf("a re-registration past the owner's budget: got %s %q, want resource-exhausted naming it", o.code, o.message)
+	}
+	cliB := callerConn(t, p, ownerB, "cli")
+	b := newManagerKeys(t)
+	registered(t, cliB, ownerB, "cli", b)
+	fresh := newManagerKeys(t)
+	fresh.iid, fresh.uid, fresh.Manager.InstanceID, fresh.Manager.LifecycleUID = b.iid, b.uid, b.iid, b.uid
+	if o := askAsync(cliB, ownerB, "cli", subjects.EndpointManagerAuthority, fresh.body(t, "prepare", "cli")); o.code != "" {
+		t.Fatalf("another owner's re-registration: got %s %q, want it issued", o.code, o.message)
+	}
+}
+
+// newRegistered registers a fresh manager of owner through nc and returns its keys.
+func newRegistered(t testing.TB, p *testPlane, nc *nats.Conn, owner string) *managerKeys {
+	t.Helper()
+	m := newManagerKeys(t)
+	registered(t, nc, owner, "cli", m)
+	return m
+}
+
+// TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot: an owner that has claimed its budget of
+// new keys (--new-keys-per-owner, over the minted records' retention) gets no registration or
+// run attempt with fresh keys (resource-exhausted, nothing written, counted), while renewals of
+// the keys it holds go on and another owner registers.
+func TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.NewKeysPerOwner = 12 })
+	grant(t, p, ownerB, "cli", "supervise")
+	r := newRegisteredManager(t, p) // ownerA: 5 keys
+	registered(t, r.cli, ownerA, "cli", newManagerKeys(t))
+	before := storeSeqs(t, p)
+	o := askAsync(r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, newManagerKeys(t).body(t, "prepare", "cli"))
+	if o.code != "resource-exhausted" || !strings.Contains(o.message, "--new-keys-per-owner") || len(o.material.Credentials) != 0 {
+		t.Fatalf("a third registration of fresh keys: got %s %q, want resource-exhausted naming the budget and nothing", o.code, o.message)
+	}
+	wantUnwritten(t, p, "a registration past the owner's new keys", before)
+	if n := budgetRefusals(t, p, "new_keys_owner"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the new-keys budget, want 1", n)
+	}
+	mustMint(t, r.cli, ownerA, "cli", r.renewal(t, "renewStandingBundle"))
+	registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", newManagerKeys(t))
 }

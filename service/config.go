@@ -84,6 +84,16 @@ type Config struct {
 	MaxAssignmentTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
+	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
+	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
+	// records' retention (48 h): each claim is for life, and each new key's `minted` record
+	// stays in the stream every tenant shares. In memory: per replica.
+	NewKeysPerOwner int
+	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
+	// instance already registered (each advances its epoch, and may bring fresh keys). In
+	// memory: per replica.
+	ReregistrationsPerInstance int
+	ReregistrationsPerOwner    int
 	// MaxSubscriptions and MaxPayload bound every user the plane mints; MaxConnections bounds
 	// the data account's connections (the plane's own serving ones included).
 	MaxSubscriptions int64
@@ -153,6 +163,9 @@ func Defaults() Config {
 		StandingTTL:          24 * time.Hour,
 		MaxAssignmentTTL:     30 * 24 * time.Hour,
 		MaxInstancesPerOwner: 64,
+		NewKeysPerOwner:            10_000,
+		ReregistrationsPerInstance: 60,
+		ReregistrationsPerOwner:    600,
 		MaxSubscriptions:     mint.DefaultLimits.Subs,
 		MaxPayload:           mint.DefaultLimits.Payload,
 		MaxConnections:       10_000,
@@ -228,6 +241,12 @@ func (c Config) Validate() error {
 	// An owner's instances are one row of the fence bucket: the flag is bounded by what it holds.
 	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > manager.MaxInstancesPerOwner {
 		bad("--max-instances-per-owner %d: want 1 to %d", c.MaxInstancesPerOwner, manager.MaxInstancesPerOwner)
+	}
+	if c.NewKeysPerOwner < 10 || c.NewKeysPerOwner > 10_000_000 {
+		bad("--new-keys-per-owner %d: want 10 (a registration binds 5) to 10000000", c.NewKeysPerOwner)
+	}
+	if c.ReregistrationsPerInstance < 1 || c.ReregistrationsPerOwner < c.ReregistrationsPerInstance || c.ReregistrationsPerOwner > 1_000_000 {
+		bad("--reregistrations-per-instance %d and --reregistrations-per-owner %d: want at least 1 an hour for an instance, and for an owner at least an instance's and at most 1000000", c.ReregistrationsPerInstance, c.ReregistrationsPerOwner)
 	}
 	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
 		p = append(p, err)

@@ -63,3 +63,24 @@ func (b *Buckets) Take(name string, n int) bool {
 	}
 	return l.AllowN(now, n)
 }
+
+// Exceeded is the cause of a refusal past a tenant's budget: Budget names which, as the
+// metric of budget refusals labels it.
+type Exceeded struct{ Budget string }
+
+func (e *Exceeded) Error() string { return "past the " + e.Budget + " budget" }
+
+// The tenant budgets whose refusals carry an Exceeded (the label of
+// authplane_tenant_budget_refused_total).
+const (
+	// ReregistrationsInstance and ReregistrationsOwner: prepares of registered instances an hour.
+	ReregistrationsInstance = "reregistrations_instance"
+	ReregistrationsOwner    = "reregistrations_owner"
+	// NewKeysOwner: keys an owner claims anew over the minted records' retention.
+	NewKeysOwner = "new_keys_owner"
+	// PendingRegistrations: an owner's first registrations in flight at once.
+	PendingRegistrations = "pending_registrations"
+)
+
+// Names are every tenant budget of this package's refusals, for metrics that start at 0.
+var Names = []string{ReregistrationsInstance, ReregistrationsOwner, NewKeysOwner, PendingRegistrations}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -122,7 +123,8 @@ func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 					next = live
 				}
 				if len(next.Pending) >= MaxPending {
-					return instances{}, fault.New(fault.ResourceExhausted, "owner %s has %d first registrations in flight, the most it may; retry shortly", owner, len(next.Pending))
+					return instances{}, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.PendingRegistrations},
+						"owner %s has %d first registrations in flight, the most it may; retry shortly", owner, len(next.Pending))
 				}
 				if !slices.Contains(next.IDs, iid) {
 					next.IDs = append(slices.Clone(next.IDs), iid)

@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cotal-ai/authplane/internal/budget"
+)
 
 // The budgets of the HTTP faces, the label of authplane_http_refused_total.
 const (
@@ -49,5 +53,23 @@ func newAuditorConsumers() *prometheus.CounterVec {
 func (m *Metrics) AuditorConsumerRefused(reason string) {
 	if m != nil {
 		m.auditors.WithLabelValues(reason).Inc()
+	}
+}
+
+func newTenantBudgets() *prometheus.CounterVec {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "authplane_tenant_budget_refused_total",
+		Help: "Requests refused past a tenant's budget, by budget (reregistrations_instance, reregistrations_owner, new_keys_owner, pending_registrations).",
+	}, []string{"budget"})
+	for _, b := range budget.Names {
+		v.WithLabelValues(b) // every series from the start, at 0
+	}
+	return v
+}
+
+// TenantBudgetRefused counts one request refused past the tenant budget b.
+func (m *Metrics) TenantBudgetRefused(b string) {
+	if m != nil {
+		m.tenantBudgets.WithLabelValues(b).Inc()
 	}
 }

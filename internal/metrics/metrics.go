@@ -30,6 +30,8 @@ type Metrics struct {
 	reconnects *prometheus.CounterVec
 	budgets    *prometheus.CounterVec
 	auditors   *prometheus.CounterVec
+	// tenantBudgets counts the refusals past a tenant's budget of the bus and HTTP doors.
+	tenantBudgets *prometheus.CounterVec
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
@@ -66,8 +68,8 @@ func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.budgets, m.auditors = newBudgets(), newAuditorConsumers()
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors,
+	m.budgets, m.auditors, m.tenantBudgets = newBudgets(), newAuditorConsumers(), newTenantBudgets()
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors, m.tenantBudgets,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
