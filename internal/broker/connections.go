@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,17 +59,43 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	}
 	switch {
 	case c.JWT != "":
-		uc, err := jwt.DecodeUserClaims(c.JWT)
-		if err != nil {
+		name, ok := jwtName(c.JWT)
+		if !ok {
 			return Connection{}, false
 		}
-		conn.Principal = uc.Name
+		conn.Principal = name
 	case c.AuthUser != "":
 		conn.Principal, conn.Callout = c.AuthUser, true
 	default:
 		conn.Principal, conn.Callout = c.User, true
 	}
 	return conn, conn.Principal != "" && conn.CID != 0 && server != ""
+}
+
+// jwtName reads the `name` of a user JWT that a server reports it accepted, without checking
+// its signature again: the server did, and only the servers (and the system account's users,
+// which may kick any connection anyway) publish what this reads. jwt.DecodeUserClaims would
+// verify it again, about 70 µs a connection: as much as the broker's own check, on every JWT
+// user's connect.
+func jwtName(token string) (string, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return "", false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", false
+	}
+	var claims struct {
+		Name string `json:"name"`
+		Nats struct {
+			Type string `json:"type"`
+		} `json:"nats"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Nats.Type != string(jwt.UserClaim) {
+		return "", false
+	}
+	return claims.Name, true
 }
 
 // event is a connect or disconnect event of the account.
