@@ -179,6 +179,8 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
 		AuditBytes:   cfg.AuditBytes,
+		// The auditors' readers of the minted and audit streams.
+		ReaderConsumers: cfg.AuditorConsumers,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -197,6 +199,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	if err := p.watchConnections(openCtx, p.system); err != nil {
+		return nil, err
+	}
+	if err := p.serveAuditors(planeIssuer); err != nil {
 		return nil, err
 	}
 
