@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -82,6 +83,9 @@ type Config struct {
 	WitnessBytes int64
 	MintedBytes  int64
 	AuditBytes   int64
+	// AuditRecords is how many full audit records of each decision one owner gets a minute
+	// from this replica; past it, they are counted in one summary record for the minute.
+	AuditRecords int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
@@ -141,6 +145,7 @@ func Defaults() Config {
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		AuditRecords:         audit.DefaultPerMinute,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
 	}
@@ -220,6 +225,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditRecords < 1 || c.AuditRecords > 100_000 {
+		bad("--audit-records %d: want 1 to 100000", c.AuditRecords)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)

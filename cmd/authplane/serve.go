@@ -53,6 +53,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
 	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")
+	fs.IntVar(&cfg.AuditRecords, "audit-records", cfg.AuditRecords, "full audit records of each decision one owner gets a minute per replica (the rest counted in one summary record)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken")
 	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")

@@ -29,6 +29,7 @@ type Metrics struct {
 	issued     *prometheus.CounterVec
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
+	summarized *prometheus.CounterVec
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
@@ -57,6 +58,10 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			Name: "authplane_nats_reconnects_total",
 			Help: "Reconnections of the plane's own NATS connections, by role.",
 		}, []string{"conn"}),
+		summarized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_audit_summarized_total",
+			Help: "Audit records past their owner's budget of the minute (--audit-records), counted in a summary record instead of written, by decision, in this process.",
+		}, []string{"decision"}),
 	}
 	kvErrors := func(class string, n func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -65,7 +70,7 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects,
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.summarized,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
@@ -134,5 +139,13 @@ func (m *Metrics) Discarded(endpoint, code string) {
 func (m *Metrics) Reconnected(conn string) {
 	if m != nil {
 		m.reconnects.WithLabelValues(conn).Inc()
+	}
+}
+
+// Summarized counts one audit record of decision counted in its owner's summary instead of
+// written.
+func (m *Metrics) Summarized(decision string) {
+	if m != nil {
+		m.summarized.WithLabelValues(decision).Inc()
 	}
 }
