@@ -79,10 +79,13 @@ type Config struct {
 	MaxPayload       int64
 	MaxConnections   int64
 
-	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
+	// WitnessBytes and WitnessRuns bound each owner's witness stream: its run-starts of the
+	// last five minutes, in bytes and in count (per space: the stream is in the store).
 	WitnessBytes int64
-	MintedBytes  int64
-	AuditBytes   int64
+	WitnessRuns  int64
+	// MintedBytes and AuditBytes bound those streams.
+	MintedBytes int64
+	AuditBytes  int64
 	// AuditRecords is how many full audit records of each decision one owner gets a minute
 	// from this replica; past it, they are counted in one summary record for the minute.
 	AuditRecords int
@@ -112,6 +115,9 @@ type Hooks struct {
 	// AfterEndStep runs after each step (1 to 5) of the supervisor-end of instance iid; an error
 	// stops the end there, as a crash would.
 	AfterEndStep func(iid string, step int) error
+	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
+	// metrics, instead of every WitnessSampleEvery.
+	WitnessSampleEvery time.Duration
 }
 
 // DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
@@ -143,6 +149,7 @@ func Defaults() Config {
 		MaxPayload:           mint.DefaultLimits.Payload,
 		MaxConnections:       10_000,
 		WitnessBytes:         store.DefaultWitnessBytes,
+		WitnessRuns:          store.DefaultWitnessRuns,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
 		AuditRecords:         audit.DefaultPerMinute,
@@ -217,8 +224,12 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
 		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
 	}
-	if c.WitnessBytes < 1<<20 {
-		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)
+	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload {
+		// One run-start of the largest payload a caller may publish must fit.
+		bad("--witness-bytes %d: want at least 1 MiB and at least --max-payload (%d)", c.WitnessBytes, c.MaxPayload)
+	}
+	if c.WitnessRuns < 1 || c.WitnessRuns > 1_000_000 {
+		bad("--witness-runs %d: want 1 to 1000000", c.WitnessRuns)
 	}
 	if c.MintedBytes < 1<<20 {
 		bad("--minted-bytes %d: want at least 1 MiB", c.MintedBytes)

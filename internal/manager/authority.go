@@ -334,6 +334,8 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // refused once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
+	// The owner's run-starts are witnessed before any of its managers can receive one.
+	e.Witness.OpenWitness(ctx, owner)
 	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
 	if err != nil {
 		return nil, err

@@ -78,6 +78,8 @@ type witnessAll struct{}
 
 func (witnessAll) Witnessed(context.Context, string) (bool, error) { return true, nil }
 
+func (witnessAll) OpenWitness(context.Context, string) {}
+
 func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 	t.Helper()
 	b := with(map[string]any{
@@ -317,4 +319,41 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// opened records the owners whose witness was opened, and how many records had been written
+// when it was.
+type opened struct {
+	witnessAll
+	env    *engineEnv
+	owners []string
+	before []int
+}
+
+func (o *opened) OpenWitness(_ context.Context, owner string) {
+	o.owners = append(o.owners, owner)
+	o.before = append(o.before, len(o.env.records.Msgs()))
+}
+
+// Every standing mint opens its owner's witness before it signs anything: no manager of an
+// owner can receive a run-start its owner's witness does not capture.
+func TestEveryStandingMintOpensItsOwnersWitnessFirst(t *testing.T) {
+	env := newEngineEnv(t)
+	w := &opened{env: env}
+	env.e.Witness = w
+	proof := env.registered(t)
+	if _, err := env.serve(t, env.request(t, OpRenewStandingBundle, "registrationProof", proof, "accountPublicKey", env.e.Account, "processEpoch", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 3 {
+		t.Fatalf("got the witness opened %d times (%v), want once per mint (prepare, activate, renewStandingBundle)", len(w.owners), w.owners)
+	}
+	for i, owner := range w.owners {
+		if owner != testOwner {
+			t.Errorf("mint %d opened the witness of %s, want the manager's owner %s", i, owner, testOwner)
+		}
+	}
+	if w.before[0] != 0 {
+		t.Errorf("the prepare opened the witness after %d records, want before any", w.before[0])
+	}
 }

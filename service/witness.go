@@ -1,0 +1,42 @@
+package service
+
+import (
+	"context"
+	"time"
+)
+
+// WitnessSampleEvery is how often the plane samples the owners' witness streams for
+// authplane_witness_owners and authplane_witness_evicted_total: well within the streams' five
+// minutes, so what it counts as pushed out is exact to within ten seconds of run-starts.
+const WitnessSampleEvery = 10 * time.Second
+
+// watchWitnesses samples the owners' witness streams until the plane closes, and registers
+// what it counts with the metrics.
+func (p *Plane) watchWitnesses() {
+	every := WitnessSampleEvery
+	if p.cfg.Hooks != nil && p.cfg.Hooks.WitnessSampleEvery > 0 {
+		every = p.cfg.Hooks.WitnessSampleEvery
+	}
+	p.metrics.Witness(p.stores.WitnessOwners, p.stores.WitnessEvicted)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.bg.Go(func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			sctx, cancel := context.WithTimeout(ctx, every)
+			err := p.stores.SampleWitnesses(sctx, p.cfg.Now())
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				p.log.Warn("witness streams not sampled", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+	p.onClose("stop sampling the witness streams", func() error { stop(); <-done; return nil })
+}
