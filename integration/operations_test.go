@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -28,6 +32,7 @@ func TestOperationsGuideWorksAsWritten(t *testing.T) {
 		"## Revoke a run":                                g.runRevoked,
 		"## Read the audit trail":                        g.trailRead,
 		"## Read the metrics":                            g.metricsRead,
+		"## Budgets between owners":                      g.budgetsHold,
 		"## Rotate bearer keys":                          g.keysRotated,
 		"## Back up and restore":                         g.restored,
 		"## Move a plane":                                g.planesMoved,
@@ -241,6 +246,20 @@ func (g *guideChecks) metricsRead() {
 	}
 	if calls < 1 {
 		t.Errorf("/metrics: the two replicas counted %v calls, want the guide's revocation at least", calls)
+	}
+}
+
+// budgetsHold: the run's owner has a witness stream of its own, replicated on the cluster, with
+// the default budgets, and no stream is shared by every owner.
+func (g *guideChecks) budgetsHold() {
+	t := g.r.t
+	p := g.plane1()
+	info, err := streamInfo(t, p, subjects.WitnessStream(testSpace, ownerA))
+	if err != nil || info.Config.Replicas != 3 || info.Config.MaxMsgs != store.DefaultWitnessRuns || info.Config.MaxBytes != store.DefaultWitnessBytes {
+		t.Errorf("the run's owner's witness: got %+v %v, want 3 replicas, %d run-starts in %d bytes", info, err, store.DefaultWitnessRuns, store.DefaultWitnessBytes)
+	}
+	if _, err := p.JS(t).Stream(t.Context(), subjects.SharedWitnessStream(testSpace)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("a shared witness stream: %v, want none", err)
 	}
 }
 

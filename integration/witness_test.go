@@ -221,3 +221,39 @@ func TestOnAClusterAnOwnersWitnessIsReplicatedAndAdmittedOnce(t *testing.T) {
 		t.Errorf("the witness was admitted %d times through two replicas, want once", admitted)
 	}
 }
+
+// An upgrade from the shared witness: a start finds the shared stream an earlier release
+// kept, removes it, and makes the witness of every owner with registered instances without
+// waiting for a new credential, so a manager registered before the upgrade admits a run
+// started after it with the proof it already had.
+func TestAnUpgradeFromTheSharedWitnessCapturesEveryOwnerAgain(t *testing.T) {
+	t.Parallel()
+	s := startStandalone(t, testSpace)
+	dir := t.TempDir()
+	first := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dir })
+	env := newRunEnv(t, first)
+	closePlane(t, first.Plane)
+
+	// What an earlier release left: no witness of owner A's, the shared one instead.
+	_, js := planeConn(t, s.material, s.URL())
+	if err := js.DeleteStream(t.Context(), witnessStream(ownerA)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: subjects.SharedWitnessStream(testSpace),
+		Subjects: subjects.RunStartExports(testSpace), NoAck: true, MaxAge: store.WitnessMaxAge, DenyDelete: true, DenyPurge: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	second := startPlane(t, func(c *service.Config) { againstStandalone(s)(c); c.Dir = dir })
+	if _, err := js.Stream(t.Context(), subjects.SharedWitnessStream(testSpace)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("the shared witness after the upgrade: %v, want it gone", err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		_, err := js.Stream(t.Context(), witnessStream(ownerA))
+		return err
+	})
+	env.p = second
+	if _, err := env.cli.Admit(env.ctx(), env.m.Manager, env.cur, client.NewRunID(), env.runStart(subjects.RouteOne, "")); err != nil {
+		t.Errorf("a run started after the upgrade, admitted with the proof from before: %v, want it admitted", err)
+	}
+}

@@ -10,8 +10,9 @@ import (
 // minutes, so what it counts as pushed out is exact to within ten seconds of run-starts.
 const WitnessSampleEvery = 10 * time.Second
 
-// watchWitnesses samples the owners' witness streams until the plane closes, and registers
-// what it counts with the metrics.
+// watchWitnesses first makes the witness of every owner with instances that has none (after
+// an upgrade from the shared witness), then samples the owners' witness streams until the
+// plane closes, and registers what it counts with the metrics.
 func (p *Plane) watchWitnesses() {
 	every := WitnessSampleEvery
 	if p.cfg.Hooks != nil && p.cfg.Hooks.WitnessSampleEvery > 0 {
@@ -22,6 +23,11 @@ func (p *Plane) watchWitnesses() {
 	done := make(chan struct{})
 	p.bg.Go(func() {
 		defer close(done)
+		if made, err := p.stores.OpenEveryWitness(ctx); err != nil && ctx.Err() == nil {
+			p.log.Warn("the witness streams of the owners with instances were not all made; each is made at its managers' next serve credential", "err", err)
+		} else if made > 0 {
+			p.log.Info("made the witness streams of owners with instances", "owners", made)
+		}
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {

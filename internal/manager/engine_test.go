@@ -335,25 +335,36 @@ func (o *opened) OpenWitness(_ context.Context, owner string) {
 	o.before = append(o.before, len(o.env.records.Msgs()))
 }
 
-// Every standing mint opens its owner's witness before it signs anything: no manager of an
-// owner can receive a run-start its owner's witness does not capture.
-func TestEveryStandingMintOpensItsOwnersWitnessFirst(t *testing.T) {
+// Every mint of a serve duty (activate, renewStandingBundle) opens its owner's witness before
+// it signs: no manager can receive a run-start its owner's witness does not capture. The
+// other mints leave it alone.
+func TestEveryServeMintOpensItsOwnersWitnessFirst(t *testing.T) {
 	env := newEngineEnv(t)
 	w := &opened{env: env}
 	env.e.Witness = w
-	proof := env.registered(t)
-	if _, err := env.serve(t, env.request(t, OpRenewStandingBundle, "registrationProof", proof, "accountPublicKey", env.e.Account, "processEpoch", 0)); err != nil {
+	prep, err := env.serve(t, env.request(t, OpPrepare))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(w.owners) != 3 {
-		t.Fatalf("got the witness opened %d times (%v), want once per mint (prepare, activate, renewStandingBundle)", len(w.owners), w.owners)
+	if len(w.owners) != 0 {
+		t.Fatalf("prepare opened the witness (%v), want only the mints of a serve duty to", w.owners)
 	}
-	for i, owner := range w.owners {
-		if owner != testOwner {
-			t.Errorf("mint %d opened the witness of %s, want the manager's owner %s", i, owner, testOwner)
-		}
+	minted, _ := env.recorded(t)
+	act, err := env.serve(t, env.request(t, OpActivate, "registrationProof", prep.RegistrationProof))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if w.before[0] != 0 {
-		t.Errorf("the prepare opened the witness after %d records, want before any", w.before[0])
+	current := []any{"registrationProof", act.NextRegistrationProof, "accountPublicKey", env.e.Account, "processEpoch", 0}
+	if _, err := env.serve(t, env.request(t, OpRenew, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.serve(t, env.request(t, OpRenewStandingBundle, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 2 || w.owners[0] != testOwner || w.owners[1] != testOwner {
+		t.Fatalf("got the witness opened for %v, want the manager's owner %s once by activate and once by renewStandingBundle", w.owners, testOwner)
+	}
+	if w.before[0] != minted {
+		t.Errorf("activate opened the witness after %d records, want before its own (%d before it)", w.before[0], minted)
 	}
 }

@@ -16,10 +16,11 @@ import (
 
 // The witness (DESIGN §6.3) is one stream per owner (WitnessSpec): JetStream bounds a stream,
 // not one publisher within it, so a shared stream let one owner's flood evict every other
-// owner's run-starts. An owner's stream is made the first time one of its managers is issued
-// a credential (OpenWitness), before it can receive a run-start: owners are only those an
-// admin granted `supervise` (or a platform supervisor acts for), so their number is the
-// space's, not a caller's, to choose. A run-start of an owner with no stream is stored nowhere.
+// owner's run-starts. An owner's stream is made before one of its managers is first issued the
+// serve credential that receives run-starts (OpenWitness), and after a start for every owner
+// with registered instances (OpenEveryWitness): owners are only those an admin granted
+// `supervise` (or a platform supervisor acts for), so their number is the space's, not a
+// caller's, to choose. A run-start of an owner with no stream is stored nowhere.
 
 // witnesses is what this process knows of the owners' witness streams: which exist, and what
 // each held when last sampled.
@@ -56,10 +57,10 @@ const witnessOpenTimeout = 2 * time.Second
 
 // OpenWitness makes sure owner has a witness stream, creating it on the first call for that
 // owner, so the run-starts of its callers are captured from then on. It is called before any
-// of owner's managers is issued a credential, so before one can receive a run-start. It waits
-// at most half of what ctx has left (and at most 2 s); a failure is logged and tried again at
-// the next call, and until then owner's run-starts are not witnessed: an admission of one is
-// refused, never granted.
+// of owner's managers is issued a serve credential, so before one can receive a run-start. It
+// waits at most half of what ctx has left (and at most 2 s); a failure is logged and tried
+// again at the next call, and until then owner's run-starts are not witnessed: an admission of
+// one is refused, never granted.
 func (s *Stores) OpenWitness(ctx context.Context, owner string) {
 	if s.witness.isOpen(owner) {
 		return
@@ -103,6 +104,29 @@ func (s *Stores) Witnessed(ctx context.Context, subject string) (bool, error) {
 		return false, Classify(err)
 	}
 	return true, nil
+}
+
+// OpenEveryWitness makes a witness stream for every owner with registered manager instances
+// (an `instances.<owner>` row in the fence bucket) that has none: after an upgrade from the
+// shared witness, or a stream removed by hand, the owner's run-starts are captured again
+// without waiting for its managers' next serve credential. It returns how many it made.
+func (s *Stores) OpenEveryWitness(ctx context.Context) (int, error) {
+	prefix := "$KV." + s.Auth.bucket + "."
+	info, err := s.Auth.stream.Info(ctx, jetstream.WithSubjectFilter(prefix+subjects.InstancesKey("*")))
+	if err != nil {
+		return 0, fmt.Errorf("owners with instances: %w", Classify(err))
+	}
+	made := 0
+	for subject := range info.State.Subjects {
+		owner, ok := strings.CutPrefix(subject, prefix+subjects.InstancesKey(""))
+		if !ok || !subjects.ValidOwner(owner) || s.witness.isOpen(owner) {
+			continue
+		}
+		if s.OpenWitness(ctx, owner); s.witness.isOpen(owner) {
+			made++
+		}
+	}
+	return made, nil
 }
 
 // openWitnesses removes the shared witness stream of earlier releases (its subjects overlap
