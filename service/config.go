@@ -128,6 +128,10 @@ type Hooks struct {
 // 64–100 ms and 32 instances 29–36 ms, at the same CPU per request (BENCHMARKS.md).
 const DefaultWorkersPerCPU = 16
 
+// witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its
+// subject (at most a few hundred bytes) and the store's own framing.
+const witnessMargin = 4 << 10
+
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
@@ -224,9 +228,9 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
 		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
 	}
-	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload {
-		// One run-start of the largest payload a caller may publish must fit.
-		bad("--witness-bytes %d: want at least 1 MiB and at least --max-payload (%d)", c.WitnessBytes, c.MaxPayload)
+	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload+witnessMargin {
+		// One run-start of the largest payload a caller may publish, with its subject, fits.
+		bad("--witness-bytes %d: want at least 1 MiB and at least --max-payload (%d) plus 4 KiB", c.WitnessBytes, c.MaxPayload)
 	}
 	if c.WitnessRuns < 1 || c.WitnessRuns > 1_000_000 {
 		bad("--witness-runs %d: want 1 to 1000000", c.WitnessRuns)
