@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
@@ -47,6 +48,15 @@ type Config struct {
 	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
 	// names the peer.
 	TrustedProxy bool
+	// PublicPeerInFlight bounds one peer's requests in flight on the public face (of the face's
+	// 64), per replica.
+	PublicPeerInFlight int
+	// LoopbackInFlight bounds the loopback face's door requests in flight, the capability's
+	// holders together, per replica.
+	LoopbackInFlight int
+	// HTTPBodyTimeout is how long a door of either face waits for a request's body after its
+	// headers.
+	HTTPBodyTimeout time.Duration
 	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
@@ -78,6 +88,13 @@ type Config struct {
 	MaxSubscriptions int64
 	MaxPayload       int64
 	MaxConnections   int64
+	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
+	// replica while one renews): tenants together hold at most MaxConnections less these.
+	// MaxConnectionsPerPrincipal bounds one principal's connections. Both hold per space: every
+	// replica sees every server's connect events, refuses a bearer user past them at the auth
+	// callout and kicks a JWT user past them once it has connected.
+	ReservedConnections        int64
+	MaxConnectionsPerPrincipal int64
 
 	// WitnessBytes and WitnessRuns bound each owner's witness stream: its run-starts of the
 	// last five minutes, in bytes and in count (per space: the stream is in the store).
@@ -89,6 +106,9 @@ type Config struct {
 	// AuditRecords is how many full audit records of each decision one owner gets a minute
 	// from this replica; past it, they are counted in one summary record for the minute.
 	AuditRecords int
+	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
+	// streams holds, per space.
+	AuditorConsumers int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
@@ -132,6 +152,16 @@ const DefaultWorkersPerCPU = 16
 // subject (at most a few hundred bytes) and the store's own framing.
 const witnessMargin = 4 << 10
 
+// DefaultReservedConnections is how many of the data account's connections the plane keeps for
+// its own serving users unless --reserved-connections says otherwise: two per replica (the
+// current one and the next while it renews), for up to four replicas.
+const DefaultReservedConnections = 8
+
+// DefaultMaxConnectionsPerPrincipal is how many connections one principal may hold in the data
+// account unless --max-connections-per-principal says otherwise: a manager's duties hold one
+// each, a person's tools a few.
+const DefaultMaxConnectionsPerPrincipal = 64
+
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
@@ -140,6 +170,9 @@ func Defaults() Config {
 		NATSPort:             4222,
 		HTTPPort:             8480,
 		PublicPort:           -1,
+		PublicPeerInFlight:   handlers.DefaultPeerInFlight,
+		LoopbackInFlight:     handlers.DefaultLoopbackInFlight,
+		HTTPBodyTimeout:      handlers.DefaultBodyTimeout,
 		Replicas:             1,
 		Workers:              DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
 		Rate:                 100,
@@ -157,8 +190,13 @@ func Defaults() Config {
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
 		AuditRecords:         audit.DefaultPerMinute,
+		AuditorConsumers:     store.DefaultReaderConsumers,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
+
+		// The connection budgets (internal/conns).
+		ReservedConnections:        DefaultReservedConnections,
+		MaxConnectionsPerPrincipal: DefaultMaxConnectionsPerPrincipal,
 	}
 }
 
@@ -194,6 +232,7 @@ func (c Config) Validate() error {
 		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
 	}
 	c.validatePublic(bad)
+	c.validateHTTPBudgets(bad)
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
 	}
@@ -227,6 +266,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
 		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
+	} else if c.ReservedConnections < 2 || c.ReservedConnections >= c.MaxConnections {
+		bad("--reserved-connections %d: want 2 (one replica renewing its serving user) to less than --max-connections (%d)", c.ReservedConnections, c.MaxConnections)
+	} else if c.MaxConnectionsPerPrincipal < 1 || c.MaxConnectionsPerPrincipal > c.MaxConnections-c.ReservedConnections {
+		bad("--max-connections-per-principal %d: want 1 to --max-connections less --reserved-connections (%d)", c.MaxConnectionsPerPrincipal, c.MaxConnections-c.ReservedConnections)
 	}
 	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload+witnessMargin {
 		// One run-start of the largest payload a caller may publish, with its subject, fits.
@@ -243,6 +286,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuditRecords < 1 || c.AuditRecords > 100_000 {
 		bad("--audit-records %d: want 1 to 100000", c.AuditRecords)
+	}
+	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
+		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
@@ -311,6 +357,20 @@ func (c Config) validatePublic(bad func(string, ...any)) {
 	}
 	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
 		bad("--idp-jwks: %v", err)
+	}
+}
+
+// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
+// slots, the loopback doors' slots, and the wait for a body.
+func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
+	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
+		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
+	}
+	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
+		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
+	}
+	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
+		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
 	}
 }
 

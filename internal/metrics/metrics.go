@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,11 @@ type Metrics struct {
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
 	summarized *prometheus.CounterVec
+	budgets    *prometheus.CounterVec
+	auditors   *prometheus.CounterVec
+
+	connOnce sync.Once
+	conn     *connections
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
@@ -70,7 +76,8 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.summarized,
+	m.budgets, m.auditors = newBudgets(), newAuditorConsumers()
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors, m.summarized,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",

@@ -20,6 +20,9 @@ type Options struct {
 	MintedBytes int64
 	// AuditBytes bounds the audit stream; the oldest records are dropped.
 	AuditBytes int64
+	// ReaderConsumers bounds the consumers each of the minted and audit streams holds: its
+	// auditors' readers (the plane itself reads them with no consumer).
+	ReaderConsumers int
 }
 
 // Defaults for Options.
@@ -33,6 +36,12 @@ const (
 	// MintedMaxAge keeps a minted record twice the longest credential lifetime (24 h) after
 	// its nkey's last mint, so an end finds every live nkey whatever --standing-ttl was.
 	MintedMaxAge = 48 * time.Hour
+	// DefaultReaderConsumers bounds the consumers of the minted and audit streams, each.
+	DefaultReaderConsumers = 32
+	// ReaderInactiveMax is the longest a consumer of the minted and audit streams outlives its
+	// last use: the stream's consumer_limits, its default and its ceiling (the stock CLI's
+	// `stream view` asks for exactly this).
+	ReaderInactiveMax = time.Hour
 )
 
 // Family names the rule a stream is made for.
@@ -58,8 +67,12 @@ type Spec struct {
 	Rule   string
 	Config jetstream.StreamConfig
 	// Tunable says a start may change the stream's size and age limits in place (they follow
-	// flags); every other field must match.
+	// flags), and its consumer limits; every other field must match.
 	Tunable bool
+	// Readers says auditors read the stream through consumers of their own: a start removes
+	// every consumer of it that breaks its consumer limits (a push consumer, one that never
+	// goes inactive), which a release before the limits let anyone with the read API make.
+	Readers bool
 }
 
 // withDefaults fills what o leaves zero.
@@ -78,6 +91,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.AuditBytes == 0 {
 		o.AuditBytes = DefaultAuditBytes
+	}
+	if o.ReaderConsumers == 0 {
+		o.ReaderConsumers = DefaultReaderConsumers
 	}
 	return o
 }
@@ -107,6 +123,14 @@ func Specs(space string, o Options) []Spec {
 		return Spec{Bucket: name, Family: f, Rule: rule, Config: seal(c)}
 	}
 	stream := func(c jetstream.StreamConfig, rule string) Spec { return logSpec(c, rule, o) }
+	// read bounds a record stream's readers: at most ReaderConsumers consumers, each gone an
+	// hour after its last use at most.
+	read := func(s Spec) Spec {
+		s.Config.MaxConsumers = o.ReaderConsumers
+		s.Config.ConsumerLimits = jetstream.StreamConsumerLimits{InactiveThreshold: ReaderInactiveMax}
+		s.Readers = true
+		return s
+	}
 	return []Spec{
 		bucket(subjects.AuthBucket(space), CAS, "fences: leader reads, every change by CAS, never deleted"),
 		bucket(subjects.ActorsBucket(space), CAS, "ledger: leader reads, CAS"),
@@ -117,21 +141,21 @@ func Specs(space string, o Options) []Spec {
 		bucket(subjects.PlatformBucket(space), CAS, "assignments: leader reads, CAS"),
 		bucket(subjects.KeysBucket(space), CAS, "bearer keys: CAS"),
 		bucket(subjects.SecretsBucket(space), WriteOnce, "create-only"),
-		stream(jetstream.StreamConfig{
+		read(stream(jetstream.StreamConfig{
 			Name:              subjects.MintedStream(space),
 			Subjects:          []string{subjects.MintedStreamSubjects(space)},
 			MaxMsgsPerSubject: 1,
 			MaxAge:            MintedMaxAge,
 			MaxBytes:          o.MintedBytes,
 			Discard:           jetstream.DiscardNew,
-		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed"),
-		stream(jetstream.StreamConfig{
+		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed")),
+		read(stream(jetstream.StreamConfig{
 			Name:     subjects.AuditStream(space),
 			Subjects: []string{subjects.AuditStreamSubjects(space)},
 			MaxAge:   AuditMaxAge,
 			MaxBytes: o.AuditBytes,
 			Discard:  jetstream.DiscardOld,
-		}, "audit: 30 days, bounded (--audit-bytes), oldest dropped"),
+		}, "audit: 30 days, bounded (--audit-bytes), oldest dropped")),
 	}
 }
 
