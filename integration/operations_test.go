@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -33,6 +37,7 @@ func TestOperationsGuideWorksAsWritten(t *testing.T) {
 		"## Read the audit trail":                        g.trailRead,
 		"## Read the metrics":                            g.metricsRead,
 		"## Connections":                                 g.connectionsCounted,
+		"## Budgets between owners":                      g.budgetsHold,
 		"## Rotate bearer keys":                          g.keysRotated,
 		"## Back up and restore":                         g.restored,
 		"## Move a plane":                                g.planesMoved,
@@ -267,6 +272,20 @@ func (g *guideChecks) connectionsCounted() {
 		if plane < 2 {
 			t.Errorf("replica %d's /metrics: the plane's own connections counted %v, want both replicas' serving users", i+1, plane)
 		}
+	}
+}
+
+// budgetsHold: the run's owner has a witness stream of its own, replicated on the cluster, with
+// the default budgets, and no stream is shared by every owner.
+func (g *guideChecks) budgetsHold() {
+	t := g.r.t
+	p := g.plane1()
+	info, err := streamInfo(t, p, subjects.WitnessStream(testSpace, ownerA))
+	if err != nil || info.Config.Replicas != 3 || info.Config.MaxMsgs != store.DefaultWitnessRuns || info.Config.MaxBytes != store.DefaultWitnessBytes {
+		t.Errorf("the run's owner's witness: got %+v %v, want 3 replicas, %d run-starts in %d bytes", info, err, store.DefaultWitnessRuns, store.DefaultWitnessBytes)
+	}
+	if _, err := p.JS(t).Stream(t.Context(), subjects.SharedWitnessStream(testSpace)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("a shared witness stream: %v, want none", err)
 	}
 }
 
