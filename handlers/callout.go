@@ -169,6 +169,9 @@ func (c *Callout) authorize(req *jwt.AuthorizationRequestClaims) (string, *fault
 	case err != nil:
 		return "", c.refuse(ctx, fault.Store(err, "reading the bearer keys"))
 	}
+	// The deadline is a timeout (the broker waits CalloutDeadline of real time), not a time of
+	// the plane's clock: every decision on time (the bearer's expiry, the user's) is the
+	// pipeline's, on the injected clock.
 	call := Call{Endpoint: EndpointCallout, Owner: claims.Owner, Actor: claims.Actor, Deadline: time.Now().Add(CalloutDeadline)}
 	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
 		about := call.About()

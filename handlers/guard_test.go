@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
@@ -37,7 +38,7 @@ type guardEnv struct {
 func newGuardEnv(rate float64, burst int) *guardEnv {
 	e := &guardEnv{records: storetest.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
+	e.g = &Guard{Limiter: budget.New(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
 	return e
 }
 

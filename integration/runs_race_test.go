@@ -15,7 +15,7 @@ import (
 func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
 	t.Parallel()
 	const rounds = 200
-	env := newRunEnv(t, startPlane(t, func(c *service.Config) { c.Rate = 0; c.Workers = 4 }))
+	env := newRunEnv(t, startPlane(t, func(c *service.Config) { unbudgeted(c); c.Workers = 4 }))
 	owner := env.revoker(ownerA, "owner")
 	inv := newInvariants(env.p)
 	var renewals, attempts tally

@@ -11,10 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -46,6 +49,15 @@ type Config struct {
 	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
 	// names the peer.
 	TrustedProxy bool
+	// PublicPeerInFlight bounds one peer's requests in flight on the public face (of the face's
+	// 64), per replica.
+	PublicPeerInFlight int
+	// LoopbackInFlight bounds the loopback face's door requests in flight, the capability's
+	// holders together, per replica.
+	LoopbackInFlight int
+	// HTTPBodyTimeout is how long a door of either face waits for a request's body after its
+	// headers.
+	HTTPBodyTimeout time.Duration
 	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
@@ -72,6 +84,16 @@ type Config struct {
 	MaxAssignmentTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
+	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
+	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
+	// records' retention (48 h): each claim is for life, and each new key's `minted` record
+	// stays in the stream every tenant shares. In memory: per replica.
+	NewKeysPerOwner int
+	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
+	// instance already registered (each advances its epoch, and may bring fresh keys). In
+	// memory: per replica.
+	ReregistrationsPerInstance int
+	ReregistrationsPerOwner    int
 	// MaxSubscriptions and MaxPayload bound every user the plane mints; MaxConnections bounds
 	// the data account's connections (the plane's own serving ones included).
 	MaxSubscriptions int64
@@ -82,6 +104,9 @@ type Config struct {
 	WitnessBytes int64
 	MintedBytes  int64
 	AuditBytes   int64
+	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
+	// streams holds, per space.
+	AuditorConsumers int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
@@ -126,6 +151,9 @@ func Defaults() Config {
 		NATSPort:             4222,
 		HTTPPort:             8480,
 		PublicPort:           -1,
+		PublicPeerInFlight:   handlers.DefaultPeerInFlight,
+		LoopbackInFlight:     handlers.DefaultLoopbackInFlight,
+		HTTPBodyTimeout:      handlers.DefaultBodyTimeout,
 		Replicas:             1,
 		Workers:              DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
 		Rate:                 100,
@@ -135,12 +163,16 @@ func Defaults() Config {
 		StandingTTL:          24 * time.Hour,
 		MaxAssignmentTTL:     30 * 24 * time.Hour,
 		MaxInstancesPerOwner: 64,
+		NewKeysPerOwner:            10_000,
+		ReregistrationsPerInstance: 60,
+		ReregistrationsPerOwner:    600,
 		MaxSubscriptions:     mint.DefaultLimits.Subs,
 		MaxPayload:           mint.DefaultLimits.Payload,
 		MaxConnections:       10_000,
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		AuditorConsumers:     store.DefaultReaderConsumers,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
 	}
@@ -178,6 +210,7 @@ func (c Config) Validate() error {
 		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
 	}
 	c.validatePublic(bad)
+	c.validateHTTPBudgets(bad)
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
 	}
@@ -197,14 +230,23 @@ func (c Config) Validate() error {
 		// serves must end in the third that is left.
 		bad("--plane-user-ttl %s: want more than three times --request-timeout (%s)", c.PlaneUserTTL, c.RequestTimeout)
 	}
-	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
-		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)
+	// A revoked key stays on the revocation set for the longest life a credential may have:
+	// the standing TTL's bound is that life.
+	if c.StandingTTL < 5*time.Second || c.StandingTTL > revocation.LongestLife {
+		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, revocation.LongestLife)
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)
 	}
-	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > 100000 {
-		bad("--max-instances-per-owner %d: want 1 to 100000", c.MaxInstancesPerOwner)
+	// An owner's instances are one row of the fence bucket: the flag is bounded by what it holds.
+	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > manager.MaxInstancesPerOwner {
+		bad("--max-instances-per-owner %d: want 1 to %d", c.MaxInstancesPerOwner, manager.MaxInstancesPerOwner)
+	}
+	if c.NewKeysPerOwner < 10 || c.NewKeysPerOwner > 10_000_000 {
+		bad("--new-keys-per-owner %d: want 10 (a registration binds 5) to 10000000", c.NewKeysPerOwner)
+	}
+	if c.ReregistrationsPerInstance < 1 || c.ReregistrationsPerOwner < c.ReregistrationsPerInstance || c.ReregistrationsPerOwner > 1_000_000 {
+		bad("--reregistrations-per-instance %d and --reregistrations-per-owner %d: want at least 1 an hour for an instance, and for an owner at least an instance's and at most 1000000", c.ReregistrationsPerInstance, c.ReregistrationsPerOwner)
 	}
 	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
 		p = append(p, err)
@@ -220,6 +262,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
+		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
@@ -288,6 +333,20 @@ func (c Config) validatePublic(bad func(string, ...any)) {
 	}
 	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
 		bad("--idp-jwks: %v", err)
+	}
+}
+
+// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
+// slots, the loopback doors' slots, and the wait for a body.
+func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
+	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
+		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
+	}
+	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
+		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
+	}
+	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
+		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
 	}
 }
 

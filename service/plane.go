@@ -52,6 +52,9 @@ type Info struct {
 	CreatedMaterial bool
 	// Embedded says the plane runs its own nats-server.
 	Embedded bool
+	// RevocationCapacity is the most keys the data account's revocation set holds: as many as
+	// the account JWT that carries them can within one message of the broker.
+	RevocationCapacity int
 }
 
 // Plane is a running authority plane.
@@ -116,7 +119,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
-	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
+		if p.stores == nil { // scraped only once the HTTP face serves, after the stores opened
+			return 0
+		}
+		return p.stores.Retries.Load()
+	})
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -168,6 +176,8 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
 		AuditBytes:   cfg.AuditBytes,
+		// The auditors' readers of the minted and audit streams.
+		ReaderConsumers: cfg.AuditorConsumers,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -183,6 +193,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.info.Epoch = p.gate.Row.ProcessEpoch
 	if err := p.applyAccountPolicy(openCtx); err != nil {
+		return nil, err
+	}
+	if err := p.serveAuditors(planeIssuer); err != nil {
 		return nil, err
 	}
 
@@ -214,13 +227,17 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
-	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
+	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "revocation_capacity", p.info.RevocationCapacity,
 		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// FenceRetries is how many fence writes the plane's stores retried (a lost CAS, an unknown
+// outcome): what its metrics export as authplane_cas_retries_total.
+func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports, the revocation set) and pushes them to
@@ -250,6 +267,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 		// This plane signs no account JWT; ends still put keys on the set for a plane that
 		// can, sized as if it signed one.
 		p.revocations.Capacity = int((system.MaxPayload() - 8<<10) / revocation.PerKey)
+		p.info.RevocationCapacity = p.revocations.Capacity
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
@@ -265,6 +283,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if p.revocations.Capacity, err = revocation.Capacity(sign, system.MaxPayload()); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
+	p.info.RevocationCapacity = p.revocations.Capacity
 	if err := p.revocations.Reapply(ctx); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -15,6 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
@@ -52,7 +54,13 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
 	claims := &claim.Claims{KV: p.stores.Auth}
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, Now: cfg.Now, Fenced: p.fenced.Load,
+	// An owner may claim its whole budget at once, and gets it back over the minted records'
+	// retention: in any such window it holds at most twice its budget of new keys' records.
+	newKeys := &issue.KeyBudgets{
+		PerOwner: budget.New(float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner, cfg.Now),
+		Window:   store.MintedMaxAge, Limit: cfg.NewKeysPerOwner,
+	}
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, NewKeys: newKeys, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
@@ -73,6 +81,12 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		ProofKey:             proofKey,
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
+		// A tenth of an hour's budget at once.
+		Reregistrations: &manager.Reregistrations{
+			PerInstance:    budget.PerHour(cfg.ReregistrationsPerInstance, max(cfg.ReregistrationsPerInstance/10, 1), cfg.Now),
+			PerOwner:       budget.PerHour(cfg.ReregistrationsPerOwner, max(cfg.ReregistrationsPerOwner/10, 1), cfg.Now),
+			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner,
+		},
 	}
 	sup := &supervisor.Supervisor{
 		Space:       cfg.Space,
@@ -94,7 +108,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), Audit: recorder, Fenced: p.fenced.Load,
 		Draining: p.draining.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),

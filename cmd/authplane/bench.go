@@ -56,7 +56,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		*dir = tmp
 	}
 	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
-	cfg.Rate = 0 // the bench measures the plane, not its rate limit
+	// The bench measures the plane, not a tenant's budgets: one owner drives it all.
+	cfg.Rate = 0
+	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
+	cfg.NewKeysPerOwner = 10_000_000
 	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
 	// The plane logs every mint as it does in production; the lines are formatted and dropped.
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))

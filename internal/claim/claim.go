@@ -18,10 +18,11 @@ import (
 )
 
 // Instance is the manager instance keys are claimed by: an instance id that passed its
-// grammar, or ServerChosen. The zero Instance is neither: a plan that names it is refused.
+// grammar, and the owner it is registered to; or ServerChosen. The zero Instance is neither: a
+// plan that names it is refused.
 type Instance struct {
-	id     string
-	server bool
+	owner, id string
+	server    bool
 }
 
 // ServerChosen is what the keys of the auth callout's users belong to: the broker chose each
@@ -29,17 +30,17 @@ type Instance struct {
 // and its user expires with its bearer.
 var ServerChosen = Instance{server: true}
 
-// InstanceOf returns the instance iid, or an error if iid is off the grammar.
-func InstanceOf(iid string) (Instance, error) {
-	if !subjects.ValidUID(iid) {
-		return Instance{}, fmt.Errorf("instance id %q is off the grammar", iid)
+// InstanceOf returns owner's instance iid, or an error if either is off its grammar.
+func InstanceOf(owner, iid string) (Instance, error) {
+	if !subjects.ValidUID(iid) || !subjects.ValidOwner(owner) {
+		return Instance{}, fmt.Errorf("instance %q of owner %q is off the grammar", iid, owner)
 	}
-	return Instance{id: iid}, nil
+	return Instance{owner: owner, id: iid}, nil
 }
 
-// MustInstance is InstanceOf for an id already checked (a request's, after its grammar).
-func MustInstance(iid string) Instance {
-	in, err := InstanceOf(iid)
+// MustInstance is InstanceOf for ids already checked (a request's, after its grammar).
+func MustInstance(owner, iid string) Instance {
+	in, err := InstanceOf(owner, iid)
 	if err != nil {
 		panic(err)
 	}
@@ -48,6 +49,9 @@ func MustInstance(iid string) Instance {
 
 // ID is the instance id; "" for ServerChosen and the zero Instance.
 func (i Instance) ID() string { return i.id }
+
+// Owner is the owner the instance is registered to; "" for ServerChosen.
+func (i Instance) Owner() string { return i.owner }
 
 // IsZero reports whether i is neither an instance nor ServerChosen.
 func (i Instance) IsZero() bool { return i.id == "" && !i.server }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -161,7 +162,12 @@ type Pipeline struct {
 	// Claims are the claims on user nkeys: a key another instance claimed is refused before
 	// signing, and a new one claimed in the commit.
 	Claims *claim.Claims
-	Now    func() time.Time
+	// NewKeys, when set, is the budget of keys each owner claims anew. A claim is for life and
+	// every new key's `minted` record stays in the shared minted stream for its retention, so
+	// how many one owner creates in that time is bounded; a plan past it is refused
+	// resource-exhausted before it signs anything. Keys an instance already holds cost nothing.
+	NewKeys *KeyBudgets
+	Now     func() time.Time
 	// Limits bound every credential it mints (subscriptions, payload).
 	Limits mint.Limits
 	// Fenced reports that this plane was fenced by a newer registration of its own instance; a
@@ -209,6 +215,9 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	keys := plan.keys()
 	unclaimed, err := p.checkClaims(work, plan.Instance, keys)
 	if err != nil {
+		return nil, err
+	}
+	if err := p.NewKeys.take(plan.Instance, len(unclaimed)); err != nil {
 		return nil, err
 	}
 
@@ -352,4 +361,25 @@ func release(ctx context.Context, landed []Step, cause error) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// KeyBudgets bound how many keys an owner claims anew.
+type KeyBudgets struct {
+	PerOwner *budget.Buckets
+	// Window is what the budget is counted over (the minted records' retention), and Limit
+	// the keys it allows in it, for the refusal.
+	Window time.Duration
+	Limit  int
+}
+
+// take takes n new keys from the budget of in's owner, and refuses past it.
+func (b *KeyBudgets) take(in claim.Instance, n int) error {
+	if b == nil || n == 0 || in.ID() == "" {
+		return nil
+	}
+	if !b.PerOwner.Take("owner."+in.Owner(), n) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
+			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)
+	}
+	return nil
 }

@@ -106,7 +106,7 @@ func (e *env) plan(t testing.TB) issue.Plan {
 			Principal: subjects.Principal(owner, actor), TTL: time.Hour, Permissions: perms})
 	}
 	return issue.Plan{
-		Instance: claim.MustInstance(e.iid),
+		Instance: claim.MustInstance(owner, e.iid),
 		Request:  audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: ids.RequestID()},
 		Grants:   grants,
 		Steps:    []issue.Step{issue.Unchanged(e.first), issue.Unchanged(e.second)},

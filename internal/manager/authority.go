@@ -8,6 +8,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -41,6 +42,33 @@ type Engine struct {
 	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
 	// them.
 	Assignments Assignments
+	// Reregistrations, when set, bound the prepares of instances already registered.
+	Reregistrations *Reregistrations
+}
+
+// Reregistrations bound, an hour, the re-registrations of one instance and of one owner's
+// instances: each advances an epoch and may bring fresh keys, whose claims are for life.
+type Reregistrations struct {
+	PerInstance, PerOwner *budget.Buckets
+	// InstanceHourly and OwnerHourly are the budgets' figures, for the refusal.
+	InstanceHourly, OwnerHourly int
+}
+
+// take takes one re-registration of owner's instance iid from both budgets, and refuses past
+// either (the owner's is taken only once the instance's had room).
+func (r *Reregistrations) take(owner, iid string) error {
+	if r == nil {
+		return nil
+	}
+	if !r.PerInstance.Allow("instance." + iid) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsInstance},
+			"instance %s was registered again as often as --reregistrations-per-instance allows (%d an hour); retry later", iid, r.InstanceHourly)
+	}
+	if !r.PerOwner.Allow("owner." + owner) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsOwner},
+			"owner %s registered its instances again as often as --reregistrations-per-owner allows (%d an hour); retry later", owner, r.OwnerHourly)
+	}
+	return nil
 }
 
 // Assignments is what a supervised instance's own renewal stands on instead of its preparer's
@@ -218,6 +246,9 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 			return nil, err
 		}
+		if err := e.Reregistrations.take(caller.Owner, req.InstanceID); err != nil {
+			return nil, err
+		}
 		row = g.Row
 		row.ProcessEpoch++
 		row.RegistrationRevision++
@@ -336,7 +367,7 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Instance: claim.MustInstance(iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
 	if req.Operation == OpPrepare {
 		for _, d := range subjects.StandingDuties {
 			nkey, field := identityKey(req.Identities)(d)

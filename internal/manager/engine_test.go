@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -318,4 +319,45 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota: at --max-instances-per-owner's
+// largest value, an owner's `instances` row with every slot taken and the most registrations
+// pending decodes, fits in one 1 MiB broker message, and refuses one more instance.
+func TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota(t *testing.T) {
+	env := newEngineEnv(t)
+	env.e.MaxInstancesPerOwner = MaxInstancesPerOwner
+	row := instances{V: 1, Owner: testOwner, IDs: []string{}, Pending: []pending{}}
+	lapsed := time.Now().Add(-time.Hour).UnixMilli() // their registrations committed long ago
+	for i := range MaxInstancesPerOwner {
+		iid := ids.UID()
+		row.IDs = append(row.IDs, iid)
+		if i < MaxPending {
+			row.Pending = append(row.Pending, pending{InstanceID: iid, Token: ids.Nonce(), Until: lapsed})
+		}
+		g, err := gate.Of(env.gates, subjects.GateEndpointManager, iid).Observe(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(testOwner, subjects.ServeActor(iid))}
+		if _, err := g.Write(ctx(t), open); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(row.IDs)
+	data, err := json.Marshal(row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > maxInstancesRow || len(data) > 1<<20 {
+		t.Fatalf("the row at the maximum is %d bytes: over its bound %d or a 1 MiB message", len(data), maxInstancesRow)
+	}
+	env.gates.Put(subjects.InstancesKey(testOwner), data)
+	if _, err := instancesOf(env.gates, testOwner).Observe(ctx(t)); err != nil {
+		t.Fatalf("the row at the maximum does not decode: %v", err)
+	}
+	env.newInstance(t)
+	if _, err := env.serve(t, env.request(t, OpPrepare)); fault.CodeOf(err) != fault.ResourceExhausted || !strings.Contains(err.Error(), "--max-instances-per-owner") {
+		t.Fatalf("one more instance past the maximum: got %v, want resource-exhausted naming the quota", err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -23,9 +24,13 @@ import (
 // broker message's 1 MiB).
 const MaxInstancesPerOwner = 10_000
 
-// maxInstancesRow bounds a stored `instances` row: every id at the flag's maximum, and the
-// pending registrations of as many requests in flight.
-const maxInstancesRow = MaxInstancesPerOwner*40 + 64<<10
+// MaxPending bounds an owner's first registrations in flight at once (each holds a pending
+// slot until its deadline): past it a new one is refused, resource-exhausted.
+const MaxPending = 256
+
+// maxInstancesRow bounds a stored `instances` row: every id at the flag's maximum (33 bytes
+// each), and MaxPending registrations pending (about 120 bytes each).
+const maxInstancesRow = MaxInstancesPerOwner*40 + MaxPending*160 + 4<<10
 
 // instances is `instances.<owner>` in the fence bucket: the owner's instances that hold a slot
 // of its quota. One owner cannot fill what every tenant shares (the minted stream, the gates):
@@ -116,6 +121,10 @@ func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 						return instances{}, e.quotaRefusal(owner, len(live.IDs))
 					}
 					next = live
+				}
+				if len(next.Pending) >= MaxPending {
+					return instances{}, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.PendingRegistrations},
+						"owner %s has %d first registrations in flight, the most it may; retry shortly", owner, len(next.Pending))
 				}
 				if !slices.Contains(next.IDs, iid) {
 					next.IDs = append(slices.Clone(next.IDs), iid)

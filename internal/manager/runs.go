@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"github.com/cotal-ai/authplane/client"
@@ -45,8 +44,8 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	if err := e.refuseRevoked(ctx, runID); err != nil {
 		return nil, err
 	}
-	reply := func(a *client.Admission, rev uint64) *client.AdmissionReply {
-		return &client.AdmissionReply{V: 1, Kind: client.KindRunAdmission, RequestID: req.RequestID, RunID: runID, Revision: rev, Admission: *a}
+	reply := func(a *admission, rev uint64) *client.AdmissionReply {
+		return &client.AdmissionReply{V: 1, Kind: client.KindRunAdmission, RequestID: req.RequestID, RunID: runID, Revision: rev, Admission: a.reply()}
 	}
 	if a, rev, err := e.readAdmission(ctx, runID); err != nil {
 		return nil, err
@@ -89,18 +88,18 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	} else if string(got) != string(marker) {
 		return nil, errConsumed()
 	}
-	a := &client.Admission{Version: 1, Space: e.Space, Endpoint: subjects.GateEndpointManager, RunID: runID, InstanceID: iid,
-		Caller:  client.AdmittedCaller{Owner: start.Owner, Actor: start.Actor, UID: start.UID, Generation: start.Generation},
+	a := &admission{Version: 1, Space: e.Space, Endpoint: subjects.GateEndpointManager, RunID: runID, InstanceID: iid,
+		Caller:  admittedCaller{Owner: start.Owner, Actor: start.Actor, UID: start.UID, Generation: start.Generation},
 		Subject: subject, AdmittedAt: e.Pipeline.Now().UnixMilli()}
 	raw, rev, err := e.createOnce(ctx, subjects.AdmissionKey(runID), encode(a))
 	if err != nil {
 		return nil, err
 	}
-	var stored client.Admission
-	if err := json.Unmarshal(raw, &stored); err != nil || stored.InstanceID != iid || stored.Subject != subject {
+	stored, err := parseAdmission(raw, runID)
+	if err != nil || stored.InstanceID != iid || stored.Subject != subject {
 		return nil, fault.New(fault.Conflict, "run %s was admitted from another run-start or for another manager instance", runID)
 	}
-	return reply(&stored, rev), nil
+	return reply(stored, rev), nil
 }
 
 // Attempt serves `manager-run-attempt` (DESIGN §6.3): one takeover of an admitted run. The run
@@ -218,7 +217,7 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	}
 	// The run's keys are claimed for the instance in the mint's commit, by the pipeline: a key
 	// another instance holds is refused before anything is signed.
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(owner, env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
 		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
@@ -29,11 +28,15 @@ type Metrics struct {
 	issued     *prometheus.CounterVec
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
+	budgets    *prometheus.CounterVec
+	auditors   *prometheus.CounterVec
+	// tenantBudgets counts the refusals past a tenant's budget of the bus and HTTP doors.
+	tenantBudgets *prometheus.CounterVec
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
-// was fenced by a newer instance.
-func New(epoch func() uint64, fenced func() bool) *Metrics {
+// was fenced by a newer instance, retries how many fence writes its stores retried.
+func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -65,11 +68,12 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects,
+	m.budgets, m.auditors, m.tenantBudgets = newBudgets(), newAuditorConsumers(), newTenantBudgets()
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors, m.tenantBudgets,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
-		}, func() float64 { return float64(fence.Retries.Load()) }),
+		}, func() float64 { return float64(retries()) }),
 		kvErrors("cas_lost", store.Errors.CASLost.Load),
 		kvErrors("full", store.Errors.Full.Load),
 		kvErrors("unknown_outcome", store.Errors.UnknownOutcome.Load),

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,6 +35,10 @@ type Stores struct {
 	// Keys holds bearer issuer keys; Secrets claimed instance identities.
 	Keys    *KV
 	Secrets *KV
+
+	// Retries counts the writes fences retried on any of the buckets: what the plane's
+	// metrics export.
+	Retries atomic.Int64
 
 	js jetstream.JetStream
 }
@@ -71,6 +76,7 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
 		}
+		kv.retries = &s.Retries
 		*b.kv = kv
 	}
 	return s, nil

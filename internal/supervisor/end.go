@@ -303,7 +303,7 @@ func (e *ending) revoke(ctx context.Context) error {
 // claimed is the keys of candidates the instance claimed, claiming for it those no instance
 // did; the claims are read at once.
 func (e *ending) claimed(ctx context.Context, candidates []string) ([]string, error) {
-	in := claim.MustInstance(e.l.iid)
+	in := claim.MustInstance(e.l.owner, e.l.iid)
 	mine := make([]bool, len(candidates))
 	errs := make([]error, len(candidates))
 	var wg sync.WaitGroup
