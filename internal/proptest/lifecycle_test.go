@@ -61,6 +61,7 @@ func TestLifecycleInvariantsHoldUnderRandomSchedules(t *testing.T) {
 			signer:      rapid.IntRange(0, 3).Draw(t, "noSigner") != 0,
 			brokerDown:  rapid.IntRange(0, 4).Draw(t, "brokerDown") == 0,
 			standingTTL: rapid.SampledFrom([]time.Duration{time.Hour, 24 * time.Hour}).Draw(t, "standingTTL"),
+			newKeys:     rapid.SampledFrom([]int{10_000, 40}).Draw(t, "newKeysPerOwner"),
 		}
 		// The schedule runs in a synctest bubble: its clock is the bubble's, which a wait (a
 		// deadline, the revocation set's next second, the clock the schedule moves) advances

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -26,6 +27,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
@@ -61,11 +63,13 @@ type config struct {
 	signer      bool
 	brokerDown  bool
 	standingTTL time.Duration
+	// newKeys is --new-keys-per-owner (the plane's default, or small enough to be reached).
+	newKeys int
 }
 
 func (c config) String() string {
-	return fmt.Sprintf("quota %d, revocation set of %d keys, operator signer %v, broker down %v, standing TTL %s",
-		c.quota, c.capacity, c.signer, c.brokerDown, c.standingTTL)
+	return fmt.Sprintf("quota %d, revocation set of %d keys, operator signer %v, broker down %v, standing TTL %s, %d new keys per owner",
+		c.quota, c.capacity, c.signer, c.brokerDown, c.standingTTL, c.newKeys)
 }
 
 // world is one schedule: the stores every replica shares, the replicas, the managers' own
@@ -225,8 +229,13 @@ func newWorld(keys *space.Keys, cfg config) (*world, error) {
 	return w, nil
 }
 
-// newPlane builds a replica as service.buildDoors wires one.
+// newPlane builds a replica as service.buildDoors wires one, its budgets at the plane's
+// default flags (but --new-keys-per-owner).
 func (w *world) newPlane() (*plane, error) {
+	newKeys := w.cfg.newKeys
+	if newKeys == 0 {
+		newKeys = 10_000
+	}
 	claims := &claim.Claims{KV: w.gates}
 	iss, err := mint.NewIssuer(w.account, w.keys.Data.Signer, time.Now)
 	if err != nil {
@@ -236,9 +245,15 @@ func (w *world) newPlane() (*plane, error) {
 	engine := &manager.Engine{
 		Space: testSpace, Account: w.account,
 		Gates: fence.Group(w.gates), Ledger: w.actors, Admissions: w.admissions, Statuses: w.statuses, Witness: witnessAll{},
-		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: recorder, Claims: claims, Now: time.Now, BeforeCommit: w.wait},
+		Pipeline: &issue.Pipeline{Issuer: iss, Audit: recorder, Claims: claims, Now: time.Now, BeforeCommit: w.wait,
+			NewKeys: &issue.KeyBudgets{PerOwner: budget.New(float64(newKeys)/store.MintedMaxAge.Seconds(), newKeys, time.Now),
+				Window: store.MintedMaxAge, Limit: newKeys}},
 		ProofKey:    w.proofKey,
 		StandingTTL: w.cfg.standingTTL, MaxInstancesPerOwner: w.cfg.quota,
+		Reregistrations: &manager.Reregistrations{
+			PerInstance: budget.PerHour(60, 6, time.Now), PerOwner: budget.PerHour(600, 60, time.Now),
+			InstanceHourly: 60, OwnerHourly: 600,
+		},
 	}
 	sup := &supervisor.Supervisor{
 		Space: testSpace, Account: w.account,
