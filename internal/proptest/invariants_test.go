@@ -352,6 +352,20 @@ func (w *world) check(t failer, when int) {
 				}
 			}
 		}
+		if when != running {
+			handedKeys := map[string]bool{}
+			for _, h := range handed {
+				for _, c := range h.creds {
+					handedKeys[c.key] = true
+				}
+			}
+			for k, recs := range minted[l.iid] {
+				live := slices.ContainsFunc(recs, func(r audit.Credential) bool { return r.Exp > now.Unix() })
+				if _, onSet := set[k]; live && !onSet && !unrevocable[k] && !handedKeys[k] && holder(k) == l.iid {
+					count("a key the ended instance claimed for a mint that never committed is off the revocation set, its JWT unexpired")
+				}
+			}
+		}
 		for _, h := range handed {
 			if h.iid != l.iid {
 				continue
