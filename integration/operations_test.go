@@ -32,6 +32,7 @@ func TestOperationsGuideWorksAsWritten(t *testing.T) {
 		"## End a supervised lifecycle":                  func() {},
 		"## Read the audit trail":                        g.trailRead,
 		"## Read the metrics":                            g.metricsRead,
+		"## Connections":                                 g.connectionsCounted,
 		"## Rotate bearer keys":                          g.keysRotated,
 		"## Back up and restore":                         g.restored,
 		"## Move a plane":                                g.planesMoved,
@@ -245,6 +246,27 @@ func (g *guideChecks) metricsRead() {
 	}
 	if calls < 1 {
 		t.Errorf("/metrics: the two replicas counted %v calls, want the guide's revocation at least", calls)
+	}
+}
+
+// connectionsCounted: each replica counts the data account's connections of the whole space,
+// as the guide says: both replicas' serving users are the plane's own on each scrape of the
+// metrics section.
+func (g *guideChecks) connectionsCounted() {
+	t := g.r.t
+	for i, scrape := range g.r.curls[len(g.r.curls)-2:] {
+		plane := -1.0
+		for _, line := range strings.Split(string(scrape.Body), "\n") {
+			if v, ok := strings.CutPrefix(line, `authplane_data_connections{who="plane"} `); ok {
+				var err error
+				if plane, err = strconv.ParseFloat(v, 64); err != nil {
+					t.Fatalf("/metrics: %q: %v", line, err)
+				}
+			}
+		}
+		if plane < 2 {
+			t.Errorf("replica %d's /metrics: the plane's own connections counted %v, want both replicas' serving users", i+1, plane)
+		}
 	}
 }
 

@@ -371,3 +371,28 @@ func TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot(t *testing.T) {
 	mustMint(t, r.cli, ownerA, "cli", r.renewal(t, "renewStandingBundle"))
 	registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", newManagerKeys(t))
 }
+
+// TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd: another owner's manager connects
+// with its own credential but sends, as its user name, the supervisor key of an instance about
+// to be ended (the broker's connection listing shows that name as its user, and filters on
+// it). The end still sees every connection of its keys closed, and the other owner's
+// connection stays up: who a connection is is the JWT the broker accepted.
+func TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
+	grant(t, p, ownerB, "cli", "supervise")
+	other := newManagerKeys(t)
+	prep, _ := registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", other)
+	target := s.m.pub(t, subjects.DutySupervisor)
+	impostor := dutyConn(t, p, other, ownerB, subjects.DutySupervisor, prep.Credentials["supervisor"].JWT, nats.UserInfo(target, "x"))
+	report, err := pa.end(s)
+	if err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if !report.Done || !report.Evicted.Complete {
+		t.Fatalf("end report: got %+v, want done with every connection of its keys gone", report)
+	}
+	if err := impostor.FlushTimeout(5 * time.Second); err != nil {
+		t.Errorf("the other owner's connection: %v, want it up", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -76,6 +77,16 @@ type Plane struct {
 	metrics   *metrics.Metrics
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *revocation.Set
+	// system is the system user's connection; conns the data account's connections held to
+	// their budgets through it, relisted when relist is signalled (its reconnection).
+	system      *nats.Conn
+	conns       *conns.Ledger
+	relist      chan struct{}
+	overReserve atomic.Bool
+	kicked      atomic.Uint64
+	// renewFailing says, by role, why the last renewal of one of the plane's users failed.
+	renewMu      sync.Mutex
+	renewFailing map[string]string
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -117,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1)}
 	p.info.Space = cfg.Space
 	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
 		if p.stores == nil { // scraped only once the HTTP face serves, after the stores opened
@@ -195,6 +206,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
+	if err := p.watchConnections(openCtx, p.system); err != nil {
+		return nil, err
+	}
 	if err := p.serveAuditors(planeIssuer); err != nil {
 		return nil, err
 	}
@@ -249,13 +263,21 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), nil)
+	// Connection events missed while it was away are put right by a listing.
+	relist := func() {
+		select {
+		case p.relist <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), relist)
 	if err != nil {
 		return err
 	}
 	sign := func(revoked map[string]int64) (string, int64, error) {
 		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
 	}
+	p.system = system
 	p.revocations = &revocation.Set{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
@@ -303,6 +325,9 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	}
 	if !p.connected() {
 		return false, "disconnected from NATS"
+	}
+	if reason := p.renewalFailing(); reason != "" {
+		return false, reason
 	}
 	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
 	switch {

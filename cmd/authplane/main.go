@@ -21,7 +21,7 @@ usage:
   authplane grant [flags]        write a principal's ledger row (its scopes)
   authplane nkeys [flags]        generate a manager's five duty nkeys and a prepare body
   authplane owner [flags]        print the u_ owner an IdP subject derives in this space
-  authplane agent [flags]        give a managed agent a one-time exchange secret, or revoke it
+  authplane agent [flags]        give a managed agent a (reusable) exchange secret, or revoke it
   authplane keys list|rotate|retire KID
                                  list, rotate or retire the bearer keys /jwks publishes
   authplane identity migrate     move a file identity into the store (then --identity-store kv)

@@ -52,6 +52,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.MaxSubscriptions, "max-subscriptions", cfg.MaxSubscriptions, "subscriptions each minted user may hold")
 	fs.Int64Var(&cfg.MaxPayload, "max-payload", cfg.MaxPayload, "largest message each minted user may publish, in bytes")
 	fs.Int64Var(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "connections of the data account (every minted user's, the plane's serving ones included)")
+	fs.Int64Var(&cfg.ReservedConnections, "reserved-connections", cfg.ReservedConnections, "of --max-connections, those kept for the plane's own serving users (two per replica)")
+	fs.Int64Var(&cfg.MaxConnectionsPerPrincipal, "max-connections-per-principal", cfg.MaxConnectionsPerPrincipal, "connections one principal may hold in the data account")
 	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
 	fs.IntVar(&cfg.NewKeysPerOwner, "new-keys-per-owner", cfg.NewKeysPerOwner, "user nkeys one owner may claim anew in 48 h (registrations' keys, run drivers and mediators), per replica")
 	fs.IntVar(&cfg.ReregistrationsPerInstance, "reregistrations-per-instance", cfg.ReregistrationsPerInstance, "prepares of an already registered instance allowed an hour, per replica")

@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,9 @@ type Metrics struct {
 	auditors   *prometheus.CounterVec
 	// tenantBudgets counts the refusals past a tenant's budget of the bus and HTTP doors.
 	tenantBudgets *prometheus.CounterVec
+
+	connOnce sync.Once
+	conn     *connections
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
