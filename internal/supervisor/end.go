@@ -41,8 +41,8 @@ const (
 // so no mint commits after it; (3) retire the recorded supervisor and executor generations; (4)
 // retire the gate; (5) put every key the instance claimed that a `minted` record names on the
 // data account's revocation set and wait until every server of the broker revokes it, read
-// back; (6) wait until the broker lists no connection of those keys; (7) mark the assignment
-// ended and record `ended`. Each step checks its own state first, so a retry after a crash
+// back; (6) wait until the broker lists no connection of those keys; (7) record `ended`
+// (with the keys not revoked) and mark the assignment ended. Each step checks its own state first, so a retry after a crash
 // anywhere completes the end, and a repeat completes whatever an earlier one left undone (a
 // revocation the broker had not confirmed, a connection still listed).
 //
@@ -80,7 +80,8 @@ func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit
 	if o.Row.InstanceID != req.InstanceID || o.Row.LifecycleUID != req.LifecycleUID {
 		return nil, about, fault.New(fault.FailedPrecondition, "instanceId and lifecycleUid are not those of owner %s's assignment", req.Owner)
 	}
-	e := &ending{s: s, l: lifecycleOf(o.Row), report: &client.EndReport{Owner: req.Owner, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID}}
+	e := &ending{s: s, l: lifecycleOf(o.Row), about: about, reason: req.Reason,
+		report: &client.EndReport{Owner: req.Owner, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID}}
 	e.report.Revoked.NKeys = []string{}
 	// An instance another owner registered is refused before anything is written. (One another
 	// owner registers after this read is found by the freeze: then this lifecycle never had
@@ -108,10 +109,7 @@ func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit
 			}
 		}
 	}
-	r := e.report
-	r.Done = r.Revoked.Done && r.Evicted.Complete
-	s.Audit.Ended(ctx, about, e.ended, req.Reason, r.Revoked.NKeys, r.Revoked.Unrevoked)
-	return r, about, e.verdict()
+	return e.report, about, e.verdict()
 }
 
 // verdict is the end's answer once its steps ran: nil when it is done or cannot be (no operator
@@ -143,6 +141,8 @@ type ending struct {
 	s       *Supervisor
 	l       lifecycle
 	report  *client.EndReport
+	about   audit.Request
+	reason  string
 	ended   audit.Assignment
 	outcome revocation.Outcome
 	// foreign: the instance's gate is another owner's (registered after the end began).
@@ -189,8 +189,14 @@ func (e *ending) begin(ctx context.Context) error {
 	return e.moveAssignment(ctx, StateAssigned, StateEnding)
 }
 
-// finish is step 7: the end's outcome is settled, and the assignment ended for good.
+// finish is step 7: the end's outcome is settled, and the assignment ended for good. The
+// outcome is recorded (`ended`, with the keys not revoked) before the assignment says ended:
+// once it does, a new assignment may take its place and this end is never repeated, so a crash
+// in between would leave the unrevoked keys on no record. A repeat records it again.
 func (e *ending) finish(ctx context.Context) error {
+	r := e.report
+	r.Done = r.Revoked.Done && r.Evicted.Complete
+	e.s.Audit.Ended(ctx, e.about, e.ended, e.reason, r.Revoked.NKeys, r.Revoked.Unrevoked)
 	return e.moveAssignment(ctx, StateEnding, StateEnded)
 }
 
