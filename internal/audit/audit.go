@@ -252,8 +252,13 @@ func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
 // Ended records the end of a platform supervisor assignment: why (reason, as the caller gave
 // it, at most fault.MaxMessage bytes), every credential key it revoked, and those of them the
 // broker is not known to revoke.
-func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked, unrevoked []string) {
-	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked, Unrevoked: unrevoked}, nil)
+//
+// An end that could not revoke every key is the one record of which keys stay live until their
+// clamp, so it is written in full whatever its owner's budget (only ends past the revocation
+// set's ceiling, or without the operator signing key, write one), and its error returned: the
+// end is not over until it is on record.
+func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked, unrevoked []string) error {
+	return w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked, Unrevoked: unrevoked}, nil)
 }
 
 // Exchanged records a bearer issued by /exchange to the caller of req.
@@ -366,7 +371,7 @@ func (w *Writer) summarize(ctx context.Context, k budgetKey, win *window) {
 // budget of the minute for the decision; past it, the decision is counted for the minute's
 // summary instead (by its code, or under its own name). A failed write is logged; the decision
 // itself stands.
-func (w *Writer) record(ctx context.Context, d Decision, cause error) {
+func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
 	owner, key := ownerOf(d.Caller), d.Code
 	if key == "" {
 		key = d.Decision
@@ -375,11 +380,11 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	if ended != nil {
 		w.summarize(ctx, budgetKey{owner, d.Decision}, ended)
 	}
-	if !admitted {
+	if !admitted && len(d.Unrevoked) == 0 {
 		if w.Summarized != nil {
 			w.Summarized(d.Decision)
 		}
-		return
+		return nil
 	}
 	d.V, d.At = 1, w.now().UnixMilli()
 	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
@@ -388,6 +393,9 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	}
 	if len(d.Revoked) > 0 {
 		attrs = append(attrs, "revoked", d.Revoked)
+	}
+	if len(d.Unrevoked) > 0 {
+		attrs = append(attrs, "unrevoked", d.Unrevoked)
 	}
 	if b := d.Bearer; b != nil {
 		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
@@ -419,6 +427,7 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	if err != nil {
 		w.log.Error("audit record not written", append(d.Request.attrs(), "decision", d.Decision, "err", err)...)
 	}
+	return err
 }
 
 func credentialAttrs(creds []Credential) []any {

@@ -41,10 +41,10 @@ const (
 // so no mint commits after it; (3) retire the recorded supervisor and executor generations; (4)
 // retire the gate; (5) put every key the instance claimed that a `minted` record names on the
 // data account's revocation set and wait until every server of the broker revokes it, read
-// back; (6) wait until the broker lists no connection of those keys; (7) record `ended`
-// (with the keys not revoked) and mark the assignment ended. Each step checks its own state first, so a retry after a crash
-// anywhere completes the end, and a repeat completes whatever an earlier one left undone (a
-// revocation the broker had not confirmed, a connection still listed).
+// back; (6) wait until the broker lists no connection of those keys; (7) record `ended` (with
+// the keys not revoked) and mark the assignment ended. Each step checks its own state first, so
+// a retry after a crash anywhere completes the end, and a repeat completes whatever an earlier
+// one left undone (a revocation the broker had not confirmed, a connection still listed).
 //
 // The end is done (the report's done) once every key is revoked at every server and no
 // connection of one is left. The assignment is ended once the revocation's outcome is settled:
@@ -196,7 +196,10 @@ func (e *ending) begin(ctx context.Context) error {
 func (e *ending) finish(ctx context.Context) error {
 	r := e.report
 	r.Done = r.Revoked.Done && r.Evicted.Complete
-	e.s.Audit.Ended(ctx, e.about, e.ended, e.reason, r.Revoked.NKeys, r.Revoked.Unrevoked)
+	if err := e.s.Audit.Ended(ctx, e.about, e.ended, e.reason, r.Revoked.NKeys, r.Revoked.Unrevoked); err != nil && len(r.Revoked.Unrevoked) > 0 {
+		// The keys not revoked would be on no record: the end stays pending, to be repeated.
+		return fault.Store(err, "recording the end's unrevoked keys")
+	}
 	return e.moveAssignment(ctx, StateEnding, StateEnded)
 }
 

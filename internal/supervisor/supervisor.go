@@ -52,5 +52,6 @@ type Minted interface {
 // Recorder writes the supervisor's own decisions: `assigned` and `ended`.
 type Recorder interface {
 	Assigned(ctx context.Context, req audit.Request, a audit.Assignment)
-	Ended(ctx context.Context, req audit.Request, a audit.Assignment, reason string, revoked, unrevoked []string)
+	// Ended records an end's outcome; an error means it is not on record.
+	Ended(ctx context.Context, req audit.Request, a audit.Assignment, reason string, revoked, unrevoked []string) error
 }
