@@ -90,6 +90,9 @@ type Set struct {
 	waiting []*waiter
 	running bool
 	lastErr error // the last failure of a round: what a waiter whose deadline came says
+	// state is the rounds' own, used by one run at a time (or by Reapply, before any).
+	once  sync.Once
+	state *rounds
 }
 
 // Signer signs the data account's JWT revoking revoked (nkey → unix seconds), and returns it
@@ -273,7 +276,7 @@ func (s *Set) close(w *waiter) {
 // run serves rounds until no one waits. One runs at a time per Set, for every Revoke of the
 // process: a round serves everyone waiting when it signs.
 func (s *Set) run() {
-	r := &rounds{s: s, reach: &reach{Broker: s.Broker}}
+	r := s.rounds()
 	for {
 		ws, deadline := s.open()
 		if len(ws) == 0 {
@@ -283,6 +286,13 @@ func (s *Set) run() {
 		r.serve(ctx)
 		cancel()
 	}
+}
+
+// rounds is the state the rounds keep from one run to the next (the issue time signed last,
+// above all: a run that forgot it would try to sign again in the same second).
+func (s *Set) rounds() *rounds {
+	s.once.Do(func() { s.state = &rounds{s: s, reach: &reach{Broker: s.Broker}} })
+	return s.state
 }
 
 // open returns the waiters still waiting and the latest of their deadlines, closing those
@@ -325,6 +335,8 @@ type rounds struct {
 	force   bool
 	attempt int
 	decoded []decoded // the account JWTs read back last
+	// known is the set as this plane last wrote or read it.
+	known *fence.Observed[row]
 }
 
 // errTooSoon: the wall clock is still in the second of the last signing.
@@ -342,7 +354,11 @@ func (r *rounds) serve(ctx context.Context) {
 	if len(ws) == 0 {
 		return
 	}
-	o, token, err := s.addAndSign(ctx, ws, r.last, r.force)
+	o, token, err := s.addAndSign(ctx, ws, r.last, r.force, r.known)
+	r.known = nil
+	if err == nil || errors.Is(err, errTooSoon) {
+		r.known = o
+	}
 	switch {
 	case errors.Is(err, errTooSoon):
 		r.last = max(r.last, o.Row.IssuedAt) // another replica signed in this second
@@ -440,7 +456,7 @@ func (r *rounds) pause(ctx context.Context) {
 // seen comes back, for its issue time). With no key to add and no force, it writes nothing and
 // returns no token. Each waiter learns which of its keys are on the set (want); the keys that
 // found no room come back.
-func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bool) (*fence.Observed[row], string, error) {
+func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bool, known *fence.Observed[row]) (*fence.Observed[row], string, error) {
 	var fresh []*waiter
 	for _, w := range ws {
 		if !w.added {
@@ -450,7 +466,7 @@ func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bo
 	var token string
 	var full map[string]bool
 	var seen *fence.Observed[row]
-	o, err := s.fence().Update(ctx, func(cur *fence.Observed[row]) (row, error) {
+	decide := func(cur *fence.Observed[row]) (row, error) {
 		seen, token = cur, ""
 		next, left := s.withKeys(cur, fresh)
 		full = left
@@ -471,7 +487,13 @@ func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bo
 		}
 		next.IssuedAt, token = issued, t
 		return next, nil
-	})
+	}
+	// The row as this plane last wrote or read it is tried first, at its revision: when no
+	// other replica wrote since, that saves the read. A row that moved is read again.
+	o, err := s.decideOn(ctx, known, decide)
+	if errors.Is(err, fence.ErrMoved) || known == nil {
+		o, err = s.fence().Update(ctx, decide)
+	}
 	switch {
 	case errors.Is(err, errTooSoon):
 		return seen, "", err
@@ -486,6 +508,22 @@ func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bo
 	}
 	s.learn(o, fresh, full)
 	return o, token, nil
+}
+
+// decideOn applies decide to the observation known (nil: ErrMoved, to read afresh) and writes
+// what it decides at known's revision: ErrKeep returns known as it is.
+func (s *Set) decideOn(ctx context.Context, known *fence.Observed[row], decide func(*fence.Observed[row]) (row, error)) (*fence.Observed[row], error) {
+	if known == nil {
+		return nil, fence.ErrMoved
+	}
+	next, err := decide(known)
+	switch {
+	case errors.Is(err, fence.ErrKeep):
+		return known, nil
+	case err != nil:
+		return nil, err
+	}
+	return known.Write(ctx, next)
 }
 
 // add puts the keys of fresh on the set without signing (a plane without the operator signing
@@ -613,12 +651,12 @@ func (r *rounds) confirm(ctx context.Context, ws []*waiter, issued int64) error 
 // limits may have changed since the last JWT), and reads it back from every server. Without the
 // operator signing key it returns ErrNoSigner.
 func (s *Set) Reapply(ctx context.Context) error {
-	r := &rounds{s: s, reach: &reach{Broker: s.Broker}}
+	r := s.rounds()
 	for {
 		if err := s.waitPast(ctx, r.last); err != nil {
 			return err
 		}
-		o, token, err := s.addAndSign(ctx, nil, r.last, true)
+		o, token, err := s.addAndSign(ctx, nil, r.last, true, nil)
 		switch {
 		case errors.Is(err, errTooSoon):
 			r.last = max(r.last, o.Row.IssuedAt)
