@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -57,6 +58,16 @@ var wire = map[Code]struct{ numeric, status int }{
 	MethodNotAllowed:     {405, http.StatusMethodNotAllowed},
 	UnsupportedMediaType: {415, http.StatusUnsupportedMediaType},
 	TooLarge:             {413, http.StatusRequestEntityTooLarge},
+}
+
+// Codes returns every code in the table, sorted.
+func Codes() []Code {
+	codes := make([]Code, 0, len(wire))
+	for c := range wire {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	return codes
 }
 
 // Known reports whether c is in the table.
