@@ -86,6 +86,10 @@ type Config struct {
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
 	DrainTimeout time.Duration
+	// ConnectTimeout is how long the start retries its first connection to NATS (--nats-url),
+	// with backoff, before it gives up: a plane started beside its cluster waits for it. 0 tries
+	// once.
+	ConnectTimeout time.Duration
 
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
@@ -143,6 +147,7 @@ func Defaults() Config {
 		AuditBytes:           store.DefaultAuditBytes,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
+		ConnectTimeout:       time.Minute,
 	}
 }
 
@@ -231,6 +236,9 @@ func (c Config) validateOperations() []error {
 	var p []error
 	if c.DrainTimeout < 0 || c.DrainTimeout > 10*time.Minute {
 		p = append(p, fmt.Errorf("--drain-timeout %s: want 0 to 10m", c.DrainTimeout))
+	}
+	if c.ConnectTimeout < 0 || c.ConnectTimeout > time.Hour {
+		p = append(p, fmt.Errorf("--connect-timeout %s: want 0 to 1h", c.ConnectTimeout))
 	}
 	switch c.IdentityStore {
 	case "", instance.StoreFile:

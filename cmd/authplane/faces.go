@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -16,8 +15,7 @@ import (
 
 // owner prints the u_ owner an IdP subject derives in this space.
 func owner(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("owner", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("owner", "[flags]", stderr)
 	l := locateFlags(fs)
 	issuer := fs.String("issuer", "", "the IdP's issuer, exactly as its tokens' iss (the plane's --idp-issuer)")
 	sub := fs.String("sub", "", "the person's subject at the IdP (its tokens' sub)")
@@ -38,8 +36,7 @@ func owner(args []string, stdout, stderr io.Writer) error {
 
 // agent gives a managed agent a fresh one-time secret, or revokes it.
 func agent(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("agent", "[flags]", stderr)
 	l := locateFlags(fs)
 	ownerFlag, actor := principalFlags(fs)
 	out := fs.String("out", "", "the file to write the agent's one-time secret to (0600)")
@@ -83,22 +80,17 @@ func agent(args []string, stdout, stderr io.Writer) error {
 // keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
 // retire KID [flags]`.
 func keys(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: authplane keys list|rotate [flags]\n       authplane keys retire KID [flags]\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("keys", "list|rotate [flags]\n       authplane keys retire KID [flags]", stderr)
 	l := locateFlags(fs)
 	action, kid := "", ""
-	if len(args) > 0 {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
 	}
 	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		kid, args = args[0], args[1:]
 	}
 	if err := parse(fs, args); err != nil {
-		return err
+		return err // -h (flag.ErrHelp) included: the usage is printed
 	}
 	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
 		fs.Usage()
