@@ -82,7 +82,7 @@ func (p *Plane) starting(w http.ResponseWriter, r *http.Request) {
 // serveHTTP hands the loopback face its doors, and opens the public face when --public-port
 // is set.
 func (p *Plane) serveHTTP(h *handlers.HTTP) error {
-	doors := h.Loopback()
+	doors := p.countTransportRefusals("loopback", h.Loopback())
 	p.loopback.Store(&doors)
 	if p.cfg.PublicPort < 0 {
 		return nil
@@ -101,7 +101,7 @@ func (p *Plane) serveHTTP(h *handlers.HTTP) error {
 	}
 	p.info.PublicURL = public
 	p.info.PublicListen = "http://" + bound.Addr().String()
-	p.serveOn(bound, h.Public(), "public")
+	p.serveOn(bound, p.countTransportRefusals("public", h.Public()), "public")
 	return nil
 }
 

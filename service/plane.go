@@ -128,6 +128,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	p.info.Space = cfg.Space
 	p.setPhase("taking the state directory")
 	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
+	p.metrics.Declare(series())
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())

@@ -71,6 +71,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		ProofKey:             proofKey,
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
+		Records:              recorder,
 	}
 	sup := &supervisor.Supervisor{
 		Space:       cfg.Space,

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/cotal-ai/authplane/service"
@@ -84,6 +86,25 @@ func TestSummaryCommandsRunTheWayThePlaneWasStartedAndWriteIntoTheStateDir(t *te
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("got\n%s\nwant the line %q", out.String(), want)
+		}
+	}
+}
+
+func TestDurationsLogTheSameInTextAndJSON(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		var buf bytes.Buffer
+		log, err := newLogger(&buf, format, "info")
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("signal received", "drain_timeout", 10*time.Second, slog.Group("g", "wait", 250*time.Millisecond))
+		for _, want := range []string{"10s", "250ms"} {
+			if !strings.Contains(buf.String(), want) {
+				t.Errorf("%s log: got %q, want %s", format, buf.String(), want)
+			}
+		}
+		if strings.Contains(buf.String(), "10000000000") {
+			t.Errorf("%s log: got %q, want no nanoseconds", format, buf.String())
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -82,12 +83,22 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return fmt.Errorf("--out is required")
 	}
-	m, err := l.Keys()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}
 	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
-	if err := admin.WriteCreds(*out, m, o, time.Now()); err != nil {
+	issued, err := admin.IssueCreds(m, o, time.Now())
+	if err != nil {
+		return err
+	}
+	// No record, no credential: the file is written only once its `minted` record is.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := admin.RecordCreds(ctx, m, url, issued); err != nil {
+		return fmt.Errorf("%s not written: its minted record could not be: %w", *out, err)
+	}
+	if err := files.WriteAtomic(*out, issued.Data, files.Private); err != nil {
 		return err
 	}
 	if o.Role == admin.RoleAuditor {

@@ -94,7 +94,9 @@ type Decision struct {
 	Revoked []string `json:"revoked,omitempty"`
 	// Bearer is the bearer an `exchanged` record is about.
 	Bearer *Bearer `json:"bearer,omitempty"`
-	At     int64   `json:"at"` // milliseconds
+	// Subject is the run-start an `admitted` record's run was admitted from.
+	Subject string `json:"subject,omitempty"`
+	At      int64  `json:"at"` // milliseconds
 }
 
 // Assignment names a platform supervisor assignment in a record: the owner it acts for, the
@@ -123,6 +125,9 @@ const (
 	Assigned  = "assigned"
 	Ended     = "ended"
 	Exchanged = "exchanged"
+	// Admitted and Revoked record a run's admission and its revocation.
+	Admitted = "admitted"
+	Revoked  = "revoked"
 	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
 	RefusedSummary = "refused-summary"
 )
@@ -340,6 +345,9 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	}
 	if b := d.Bearer; b != nil {
 		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
+	}
+	if d.Subject != "" {
+		attrs = append(attrs, "subject", d.Subject)
 	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo

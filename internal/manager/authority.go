@@ -40,6 +40,15 @@ type Engine struct {
 	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
 	// them.
 	Assignments Assignments
+	// Records records the run decisions that mint nothing, admissions and revocations (the
+	// pipeline records the mints); nil records none.
+	Records RunRecords
+}
+
+// RunRecords records a run's admission and its revocation (audit.Writer).
+type RunRecords interface {
+	RunAdmitted(ctx context.Context, req audit.Request, subject string)
+	RunRevoked(ctx context.Context, req audit.Request, reason string)
 }
 
 // Assignments is what a supervised instance's own renewal stands on instead of its preparer's

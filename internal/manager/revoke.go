@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 
@@ -33,6 +34,13 @@ func (e *Engine) RevokeRun(ctx context.Context, caller Caller, about audit.Reque
 		return nil, about, err
 	}
 	reply, err := e.revoke(ctx, caller, &req.RunRevoke)
+	if err == nil && e.Records != nil {
+		var won client.Revocation
+		if json.Unmarshal(reply.Revocation, &won) != nil {
+			won.Reason = req.Revoke.Reason
+		}
+		e.Records.RunRevoked(ctx, about, won.Reason)
+	}
 	return reply, about, err
 }
 

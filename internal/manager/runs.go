@@ -33,6 +33,9 @@ func (e *Engine) Admit(ctx context.Context, caller Caller, about audit.Request, 
 		return nil, about, err
 	}
 	reply, err := e.admit(ctx, caller, &req.RunAdmission)
+	if err == nil && e.Records != nil {
+		e.Records.RunAdmitted(ctx, about, reply.Admission.Subject)
+	}
 	return reply, about, err
 }
 
