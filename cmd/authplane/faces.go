@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -68,6 +69,9 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	secret, _, err := admin.SetAgent(ctx, m, url, *ownerFlag, *actor)
 	if err != nil {
 		return err
+	}
+	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
 	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -76,7 +77,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential")
 	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold")
 	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes")
-	out := fs.String("out", "", "the .creds file to write (0600)")
+	out := fs.String("out", "", "the .creds file to write (0600; its directory is made 0700 if need be), once its minted record is written")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -97,6 +98,9 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	if err := admin.RecordCreds(ctx, m, url, issued); err != nil {
 		return fmt.Errorf("%s not written: its minted record could not be: %w", *out, err)
+	}
+	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+		return err
 	}
 	if err := files.WriteAtomic(*out, issued.Data, files.Private); err != nil {
 		return err
