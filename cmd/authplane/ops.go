@@ -55,14 +55,23 @@ func versionCmd(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		bi = nil
 	}
-	fmt.Fprint(stdout, versionText(bi))
+	fmt.Fprint(stdout, versionText(bi, revision))
 	return nil
 }
 
+// revision is the VCS revision the build was told (`-ldflags "-X main.revision=…"`, as the
+// Dockerfile sets it from its REVISION argument): what a build without .git in its context
+// cannot read itself.
+var revision = ""
+
 // versionText is what `authplane version` prints for build info bi (nil when the binary
-// carries none).
-func versionText(bi *debug.BuildInfo) string {
+// carries none) and the stamped revision: the toolchain's VCS revision when it recorded one,
+// else the stamped one, else "unknown".
+func versionText(bi *debug.BuildInfo, stamped string) string {
 	module, revision, modified := "unknown", "unknown", false
+	if stamped != "" {
+		revision = stamped
+	}
 	if bi != nil {
 		module = bi.Main.Version
 		for _, s := range bi.Settings {
