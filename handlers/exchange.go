@@ -98,7 +98,7 @@ func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fa
 		if left := sub.Exp.Sub(f.h.Now()); left < ttl {
 			ttl = left
 		}
-		reply, err := f.issueBearer(ctx, c, view, ttl, false)
+		reply, err := f.issueBearer(ctx, c, view, ttl, sub.Exp, false)
 		return reply, c.About(), err
 	})
 }
@@ -138,14 +138,18 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 			}
 			ttl = min(ttl, time.Duration(*b.TTLSec)*time.Second)
 		}
-		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, true)
+		// A bearer's exp is rounded up to the second (it lives at least ttl); an agent's is
+		// still never more than AgentBearerTTL past its iat.
+		ceiling := time.Unix(f.h.Now().Unix(), 0).Add(AgentBearerTTL)
+		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, ceiling, true)
 		return reply, c.About(), err
 	})
 }
 
-// issueBearer signs a bearer for the call's principal, whose ledger row is read now: it must
-// exist (and, for an agent, still hold its secret), and hold `admin` for the ops view.
-func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, agent bool) (any, error) {
+// issueBearer signs a bearer of ttl, not past ceiling when that is set (the IdP token's exp),
+// for the call's principal, whose ledger row is read now: it must exist (and, for an agent,
+// still hold its secret), and hold `admin` for the ops view.
+func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, ceiling time.Time, agent bool) (any, error) {
 	row, found, err := ledger.Read(ctx, f.h.Ledger, c.Owner, c.Actor)
 	switch {
 	case err != nil && !errors.Is(err, ledger.ErrMalformed):
@@ -157,7 +161,7 @@ func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Du
 	case ttl < time.Second:
 		return nil, fault.New(fault.Unauthenticated, "the IdP token has no life left to lend a bearer")
 	}
-	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent}, ttl)
+	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent, Expires: ceiling}, ttl)
 	if err != nil {
 		return nil, fault.Store(err, "issuing the bearer")
 	}

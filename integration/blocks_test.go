@@ -199,8 +199,8 @@ func TestEveryDocumentedBlockRunsAsPastedInAFreshClone(t *testing.T) {
 }
 
 // freshClone clones the repository the test runs in into dir/clone at its HEAD, and commits
-// there what the working tree changes (modified, deleted and new files that git does not
-// ignore), so the blocks run on the tree as it is, in a clone whose status starts clean.
+// there what the working tree changes from HEAD (modified, deleted and new files that git does
+// not ignore), so the blocks run on the tree as it is, in a clone whose status starts clean.
 func freshClone(t *testing.T, dir string) string {
 	t.Helper()
 	root := strings.TrimSpace(gitOut(t, "..", "rev-parse", "--show-toplevel"))
@@ -208,7 +208,9 @@ func freshClone(t *testing.T, dir string) string {
 	clone := filepath.Join(dir, "clone")
 	gitOut(t, dir, "clone", "--quiet", "--no-checkout", root, clone)
 	gitOut(t, clone, "checkout", "--quiet", head)
-	changed := strings.Split(gitOut(t, root, "ls-files", "-z", "--modified", "--others", "--exclude-standard"), "\x00")
+	// What differs from HEAD, staged or not (a merge in progress stages what it brings), and
+	// what git does not know yet.
+	changed := strings.Split(gitOut(t, root, "diff", "--name-only", "-z", "HEAD")+gitOut(t, root, "ls-files", "-z", "--others", "--exclude-standard"), "\x00")
 	overlaid := false
 	for _, f := range changed {
 		if f == "" {

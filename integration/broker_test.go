@@ -445,6 +445,7 @@ func TestThePlanesOwnConnectionsHaveLeastPrivilege(t *testing.T) {
 	}{
 		{"serving", m.Data.Public(), subjects.ServingPermissions(testSpace)},
 		{"store", m.Plane.Public(), subjects.StorePermissions(testSpace)},
+		{"auditors", m.Plane.Public(), subjects.AuditorsPermissions(testSpace)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.role, func(t *testing.T) {

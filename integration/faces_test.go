@@ -489,10 +489,14 @@ func TestAgentExchangeRefreshAndRevoke(t *testing.T) {
 		if rec.Bearer == nil || *rec.Bearer != (audit.Bearer{View: "caller", Agent: true, Exp: e.Exp}) || rec.Endpoint != "exchange" || strings.Contains(string(mustJSON(t, rec)), e.Token) {
 			t.Errorf("%s agent exchange: the exchanged record %+v, want the bearer's view, agent and exp (%d), never the token", fc.name, rec, e.Exp)
 		}
-		for ttl, want := range map[int]int64{60: 60, 5000: 300} {
+		// exp is rounded up to the second (a bearer lives at least its ttlSec), but never past
+		// 300 s from now's second.
+		for ttl, want := range map[int][2]int64{60: {60, 61}, 5000: {299, 300}} {
 			body := map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret, "ttlSec": ttl}
-			if left := exchange(t, fc.url, body, fc.auth...).Exp - time.Now().Unix(); left > want || left < want-2 {
-				t.Errorf("%s agent ttlSec %d: bearer lives %d s, want %d", fc.name, ttl, left, want)
+			before := time.Now()
+			exp := exchange(t, fc.url, body, fc.auth...).Exp
+			if lo, hi := before.Add(time.Duration(want[0])*time.Second), time.Now().Unix()+want[1]; time.Unix(exp, 0).Before(lo) || exp > hi {
+				t.Errorf("%s agent ttlSec %d: bearer exp %d, want %s to %d", fc.name, ttl, exp, lo.Format(time.StampMilli), hi)
 			}
 		}
 

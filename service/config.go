@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -46,6 +47,15 @@ type Config struct {
 	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
 	// names the peer.
 	TrustedProxy bool
+	// PublicPeerInFlight bounds one peer's requests in flight on the public face (of the face's
+	// 64), per replica.
+	PublicPeerInFlight int
+	// LoopbackInFlight bounds the loopback face's door requests in flight, the capability's
+	// holders together, per replica.
+	LoopbackInFlight int
+	// HTTPBodyTimeout is how long a door of either face waits for a request's body after its
+	// headers.
+	HTTPBodyTimeout time.Duration
 	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
@@ -82,6 +92,9 @@ type Config struct {
 	WitnessBytes int64
 	MintedBytes  int64
 	AuditBytes   int64
+	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
+	// streams holds, per space.
+	AuditorConsumers int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
@@ -130,6 +143,9 @@ func Defaults() Config {
 		NATSPort:             4222,
 		HTTPPort:             8480,
 		PublicPort:           -1,
+		PublicPeerInFlight:   handlers.DefaultPeerInFlight,
+		LoopbackInFlight:     handlers.DefaultLoopbackInFlight,
+		HTTPBodyTimeout:      handlers.DefaultBodyTimeout,
 		Replicas:             1,
 		Workers:              DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
 		Rate:                 100,
@@ -145,6 +161,7 @@ func Defaults() Config {
 		WitnessBytes:         store.DefaultWitnessBytes,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		AuditorConsumers:     store.DefaultReaderConsumers,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
 		ConnectTimeout:       time.Minute,
@@ -183,6 +200,7 @@ func (c Config) Validate() error {
 		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
 	}
 	c.validatePublic(bad)
+	c.validateHTTPBudgets(bad)
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
 	}
@@ -225,6 +243,9 @@ func (c Config) Validate() error {
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
+		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
@@ -296,6 +317,20 @@ func (c Config) validatePublic(bad func(string, ...any)) {
 	}
 	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
 		bad("--idp-jwks: %v", err)
+	}
+}
+
+// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
+// slots, the loopback doors' slots, and the wait for a body.
+func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
+	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
+		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
+	}
+	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
+		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
+	}
+	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
+		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
 	}
 }
 

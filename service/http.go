@@ -34,7 +34,8 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 	h := &handlers.HTTP{
 		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
-		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
+		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PeerInFlight: cfg.PublicPeerInFlight, LoopbackInFlight: cfg.LoopbackInFlight,
+		BodyTimeout: cfg.HTTPBodyTimeout, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
 		Metrics: p.metrics.Handler(), Records: d.records,
 	}
 	if cfg.IdP.URL != "" {

@@ -188,6 +188,8 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		WitnessBytes: cfg.WitnessBytes,
 		MintedBytes:  cfg.MintedBytes,
 		AuditBytes:   cfg.AuditBytes,
+		// The auditors' readers of the minted and audit streams.
+		ReaderConsumers: cfg.AuditorConsumers,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -204,6 +206,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.info.Epoch = p.gate.Row.ProcessEpoch
 	if err := p.applyAccountPolicy(openCtx); err != nil {
+		return nil, err
+	}
+	if err := p.serveAuditors(planeIssuer); err != nil {
 		return nil, err
 	}
 

@@ -165,24 +165,32 @@ func AuditorAPIPrefix(space string) string { return "cotal." + space + ".auditor
 // No caller's inbox is under it: an owner token starts `u_` or `p_`.
 const AuditorInboxPrefix = "_INBOX.auditor"
 
-// AuditorRead is one JetStream subject of the plane account that the data account imports for
-// auditors: Remote is its subject in the plane account, Local in the data account. Stream says
-// one request may get many answers (a pull consumer's batch).
+// AuditorRead is one subject of the plane account that the data account imports for auditors:
+// Remote is its subject in the plane account, Local in the data account. Stream says one
+// request may get many answers (a pull consumer's batch).
 type AuditorRead struct {
 	Remote string
 	Local  string
 	Stream bool
 }
 
+// AuditedStreams are the streams an auditor reads: the minted and audit streams.
+func AuditedStreams(space string) []string { return []string{MintedStream(space), AuditStream(space)} }
+
 // AuditorReads is what DESIGN §6.8 lets an auditor do, as imports: for the minted and audit
 // streams, stream info, message gets (the streams allow no direct gets: fences are leader
-// reads), and consumers (create, info, pull, ack, delete a consumer: how `nats stream view`
-// pages). Nothing that writes, deletes or purges a message, and no bucket.
+// reads), and pull consumers (create, info, pull, ack, delete a consumer: how `nats stream
+// view` pages). A consumer's creation goes to the plane, not to JetStream (AuditorConsumers):
+// broker permissions cannot see a consumer's deliver_subject, so the plane refuses a push
+// consumer before JetStream sees it. Nothing that writes, deletes or purges a message, and no
+// bucket.
 func AuditorReads(space string) []AuditorRead {
 	api := AuditorAPIPrefix(space)
 	var reads []AuditorRead
-	for _, st := range []string{MintedStream(space), AuditStream(space)} {
-		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st, "CONSUMER.CREATE." + st + ".>",
+	for _, st := range AuditedStreams(space) {
+		create := AuditorConsumers(space, st) + ".>"
+		reads = append(reads, AuditorRead{Remote: create, Local: create})
+		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st,
 			"CONSUMER.INFO." + st + ".*", "CONSUMER.MSG.NEXT." + st + ".*", "CONSUMER.DELETE." + st + ".*"} {
 			reads = append(reads, AuditorRead{Remote: "$JS.API." + verb, Local: api + "." + verb, Stream: strings.HasPrefix(verb, "CONSUMER.MSG.NEXT.")})
 		}
@@ -190,6 +198,40 @@ func AuditorReads(space string) []AuditorRead {
 		reads = append(reads, AuditorRead{Remote: ack, Local: ack})
 	}
 	return reads
+}
+
+// AuditorConsumers is where the plane takes an auditor's consumer creations for stream st, in
+// the plane account and, imported under the same name, in the data account: the auditor's
+// `<api prefix>.CONSUMER.CREATE.<st>`, followed by the consumer's name (and filter) as
+// JetStream's API has them. The plane passes a pull consumer on to `$JS.API.CONSUMER.CREATE.<st>.…`.
+func AuditorConsumers(space, st string) string {
+	return AuditorAPIPrefix(space) + ".CONSUMER.CREATE." + st
+}
+
+// JetStreamConsumerCreate is JetStream's own subject for the consumer creation an auditor sent
+// on subject (under AuditorConsumers of one of AuditedStreams), or "" when subject is none.
+func JetStreamConsumerCreate(space, subject string) string {
+	for _, st := range AuditedStreams(space) {
+		if rest, ok := strings.CutPrefix(subject, AuditorConsumers(space, st)+"."); ok && rest != "" {
+			return "$JS.API.CONSUMER.CREATE." + st + "." + rest
+		}
+	}
+	return ""
+}
+
+// AuditorsPermissions are those of the plane's auditors connection, a plane-account user: it
+// takes the auditors' consumer creations (a queue subscription under AuditorConsumers), passes
+// them to JetStream's create API of those two streams only, answers into the import's reply
+// subjects (`_R_.…`), and subscribes its own inbox for JetStream's answers.
+func AuditorsPermissions(space string) Permissions {
+	var g Permissions
+	for _, st := range AuditedStreams(space) {
+		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>")
+		g.Sub = append(g.Sub, AuditorConsumers(space, st)+".>")
+	}
+	g.Pub = append(g.Pub, "_R_.>")
+	g.Sub = append(g.Sub, "_INBOX.>")
+	return g
 }
 
 // AuditorPermissions are those of an auditor credential (`authplane creds --role auditor`): it

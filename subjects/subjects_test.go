@@ -312,3 +312,23 @@ func subjectMatches(pattern, subject string) bool {
 	}
 	return len(p) == len(s)
 }
+
+// An auditor's consumer creation reaches JetStream's create API of the minted and audit
+// streams only, under the name (and filter) it was sent with.
+func TestAnAuditorsConsumerCreationReachesOnlyTheAuditedStreams(t *testing.T) {
+	a := AuditorConsumers("default", AuditStream("default"))
+	for subject, want := range map[string]string{
+		a + ".pager":   "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager",
+		a + ".pager.>": "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager.>",
+		AuditorConsumers("default", MintedStream("default")) + ".x": "$JS.API.CONSUMER.CREATE.cotal_minted_default.x",
+		a:       "",
+		a + ".": "",
+		AuditorConsumers("default", "KV_cotal_auth_default") + ".x": "",
+		AuditorConsumers("other", AuditStream("other")) + ".x":      "",
+		"$JS.API.CONSUMER.CREATE.cotal_audit_default.x":             "",
+	} {
+		if got := JetStreamConsumerCreate("default", subject); got != want {
+			t.Errorf("JetStreamConsumerCreate(%q): got %q, want %q", subject, got, want)
+		}
+	}
+}

@@ -29,6 +29,8 @@ type Metrics struct {
 	issued     *prometheus.CounterVec
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
+	budgets    *prometheus.CounterVec
+	auditors   *prometheus.CounterVec
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
@@ -65,7 +67,8 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects,
+	m.budgets, m.auditors = newBudgets(), newAuditorConsumers()
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",

@@ -49,6 +49,13 @@ func (m *Metrics) Declare(s Series) {
 	for _, conn := range s.Conns {
 		m.reconnects.WithLabelValues(conn)
 	}
+	for _, b := range [][2]string{{"public", BudgetInFlight}, {"public", BudgetPeerInFlight}, {"public", BudgetBodyTimeout},
+		{"loopback", BudgetInFlight}, {"loopback", BudgetBodyTimeout}} {
+		m.budgets.WithLabelValues(b[0], b[1])
+	}
+	for _, reason := range []string{AuditorConsumerPush, AuditorConsumerLimit, AuditorConsumerMalformed} {
+		m.auditors.WithLabelValues(reason)
+	}
 }
 
 // kindLabel is kind as a label: NoKind when the call named none.

@@ -58,12 +58,49 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 	if diffs := Diff(spec, got); len(diffs) > 0 {
 		return &permanentError{fmt.Errorf("%w: %s (%s): %s", ErrMisconfigured, name, spec.Rule, joinDiffs(diffs))}
 	}
-	if spec.Tunable && (got.MaxAge != spec.Config.MaxAge || got.MaxBytes != spec.Config.MaxBytes) {
-		got.MaxAge, got.MaxBytes = spec.Config.MaxAge, spec.Config.MaxBytes
+	if spec.Readers {
+		if err := sweepReaders(ctx, s, spec.Config.ConsumerLimits.InactiveThreshold, log); err != nil {
+			return err
+		}
+	}
+	want := spec.Config
+	if spec.Tunable && (got.MaxAge != want.MaxAge || got.MaxBytes != want.MaxBytes ||
+		got.MaxConsumers != want.MaxConsumers || got.ConsumerLimits != want.ConsumerLimits) {
+		got.MaxAge, got.MaxBytes, got.MaxConsumers, got.ConsumerLimits = want.MaxAge, want.MaxBytes, want.MaxConsumers, want.ConsumerLimits
 		if _, err := js.UpdateStream(ctx, got); err != nil {
 			return fmt.Errorf("update limits of stream %s: %w", name, err)
 		}
-		log.Info("updated stream limits", "stream", name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes)
+		log.Info("updated stream limits", "stream", name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes,
+			"max_consumers", got.MaxConsumers, "consumer_inactive_threshold", got.ConsumerLimits.InactiveThreshold)
+	}
+	return nil
+}
+
+// sweepReaders deletes every consumer of s that its readers' limits forbid: a push consumer
+// (it delivers wherever its creator said, in the plane account), or one that never goes
+// inactive or outlives inactive. A release before the limits let the read API make them; the
+// limits, once set, keep such a consumer but make no new one. A consumer deleted meanwhile is
+// no error.
+func sweepReaders(ctx context.Context, s jetstream.Stream, inactive time.Duration, log *slog.Logger) error {
+	l := s.ListConsumers(ctx)
+	var bad []string
+	for ci := range l.Info() {
+		c := ci.Config
+		if c.DeliverSubject != "" || c.InactiveThreshold <= 0 || c.InactiveThreshold > inactive {
+			bad = append(bad, ci.Name)
+		}
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("list consumers of stream %s: %w", s.CachedInfo().Config.Name, err)
+	}
+	for _, name := range bad {
+		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("delete consumer %s of stream %s: %w", name, s.CachedInfo().Config.Name, err)
+		}
+	}
+	if len(bad) > 0 {
+		log.Warn("deleted consumers that break the stream's reader limits (push, or never inactive)",
+			"stream", s.CachedInfo().Config.Name, "consumers", len(bad))
 	}
 	return nil
 }

@@ -18,6 +18,9 @@ type Options struct {
 	MintedBytes int64
 	// AuditBytes bounds the audit stream; the oldest records are dropped.
 	AuditBytes int64
+	// ReaderConsumers bounds the consumers each of the minted and audit streams holds: its
+	// auditors' readers (the plane itself reads them with no consumer).
+	ReaderConsumers int
 }
 
 // Defaults for Options.
@@ -30,6 +33,12 @@ const (
 	// MintedMaxAge keeps a minted record twice the longest credential lifetime (24 h) after
 	// its nkey's last mint, so an end finds every live nkey whatever --standing-ttl was.
 	MintedMaxAge = 48 * time.Hour
+	// DefaultReaderConsumers bounds the consumers of the minted and audit streams, each.
+	DefaultReaderConsumers = 32
+	// ReaderInactiveMax is the longest a consumer of the minted and audit streams outlives its
+	// last use: the stream's consumer_limits, its default and its ceiling (the stock CLI's
+	// `stream view` asks for exactly this).
+	ReaderInactiveMax = time.Hour
 )
 
 // Family names the rule a stream is made for.
@@ -55,8 +64,12 @@ type Spec struct {
 	Rule   string
 	Config jetstream.StreamConfig
 	// Tunable says a start may change the stream's size and age limits in place (they follow
-	// flags); every other field must match.
+	// flags), and its consumer limits; every other field must match.
 	Tunable bool
+	// Readers says auditors read the stream through consumers of their own: a start removes
+	// every consumer of it that breaks its consumer limits (a push consumer, one that never
+	// goes inactive), which a release before the limits let anyone with the read API make.
+	Readers bool
 }
 
 // Specs returns every stream of a space.
@@ -72,6 +85,9 @@ func Specs(space string, o Options) []Spec {
 	}
 	if o.AuditBytes == 0 {
 		o.AuditBytes = DefaultAuditBytes
+	}
+	if o.ReaderConsumers == 0 {
+		o.ReaderConsumers = DefaultReaderConsumers
 	}
 	bucket := func(name string, f Family, rule string) Spec {
 		c := jetstream.StreamConfig{
@@ -102,6 +118,14 @@ func Specs(space string, o Options) []Spec {
 		c.Duplicates = min(2*time.Minute, c.MaxAge) // the server refuses a window longer than the age
 		return Spec{Family: Log, Rule: rule, Config: seal(c), Tunable: true}
 	}
+	// read bounds a record stream's readers: at most ReaderConsumers consumers, each gone an
+	// hour after its last use at most.
+	read := func(s Spec) Spec {
+		s.Config.MaxConsumers = o.ReaderConsumers
+		s.Config.ConsumerLimits = jetstream.StreamConsumerLimits{InactiveThreshold: ReaderInactiveMax}
+		s.Readers = true
+		return s
+	}
 	return []Spec{
 		bucket(subjects.AuthBucket(space), CAS, "fences: leader reads, every change by CAS, never deleted"),
 		bucket(subjects.ActorsBucket(space), CAS, "ledger: leader reads, CAS"),
@@ -120,21 +144,21 @@ func Specs(space string, o Options) []Spec {
 			MaxBytes: o.WitnessBytes,
 			Discard:  jetstream.DiscardOld,
 		}, "witness: no acks (callers publish here), 5 minutes, bounded, oldest dropped"),
-		stream(jetstream.StreamConfig{
+		read(stream(jetstream.StreamConfig{
 			Name:              subjects.MintedStream(space),
 			Subjects:          []string{subjects.MintedStreamSubjects(space)},
 			MaxMsgsPerSubject: 1,
 			MaxAge:            MintedMaxAge,
 			MaxBytes:          o.MintedBytes,
 			Discard:           jetstream.DiscardNew,
-		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed"),
-		stream(jetstream.StreamConfig{
+		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed")),
+		read(stream(jetstream.StreamConfig{
 			Name:     subjects.AuditStream(space),
 			Subjects: []string{subjects.AuditStreamSubjects(space)},
 			MaxAge:   AuditMaxAge,
 			MaxBytes: o.AuditBytes,
 			Discard:  jetstream.DiscardOld,
-		}, "audit: 30 days, bounded (--audit-bytes), oldest dropped"),
+		}, "audit: 30 days, bounded (--audit-bytes), oldest dropped")),
 	}
 }
 
