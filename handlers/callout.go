@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/idp"
@@ -56,6 +57,11 @@ type Callout struct {
 	// XKey opens requests and seals answers.
 	XKey nkeys.KeyPair
 	Log  *slog.Logger
+	// Conns holds each principal to its connection cap and the tenants to their share of the
+	// data account; nil admits every connection.
+	Conns Admitter
+	// Refused counts a connection Conns refused, by budget; nil counts nothing.
+	Refused func(budget string)
 
 	once     sync.Once
 	inFlight chan struct{}
@@ -172,13 +178,53 @@ func (c *Callout) authorize(req *jwt.AuthorizationRequestClaims) (string, *fault
 	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
 		about := call.About()
 		about.Kind = claims.View
+		release, err := c.admit(call.Principal())
+		if err != nil {
+			return nil, about, err
+		}
 		user, err := c.mint(ctx, claims, req.UserNkey, about)
+		if err != nil {
+			release()
+		}
 		return user, about, err
 	})
 	if refusal != nil {
 		return "", refusal
 	}
 	return reply.(string), nil
+}
+
+// Admitter holds connections to their budgets (conns.Ledger): Admit takes a slot for a
+// connection of principal about to be let in, or refuses it (an error that errors.Is one of
+// the budget's sentinels, conns.ErrPrincipalFull or conns.ErrTenantsFull).
+type Admitter interface {
+	Admit(principal string) (release func(), err error)
+}
+
+// admit takes the connection's slot: a principal past its cap, or a space whose tenants hold
+// their whole share of the data account, is refused before anything is signed.
+func (c *Callout) admit(principal string) (release func(), err error) {
+	if c.Conns == nil {
+		return func() {}, nil
+	}
+	release, err = c.Conns.Admit(principal)
+	switch {
+	case errors.Is(err, conns.ErrPrincipalFull):
+		c.refused(conns.BudgetPrincipal)
+		return nil, fault.New(fault.ResourceExhausted, "%s: %s; close one first", principal, err)
+	case errors.Is(err, conns.ErrTenantsFull):
+		c.refused(conns.BudgetTenants)
+		return nil, fault.New(fault.ResourceExhausted, "%s; retry later", err)
+	case err != nil:
+		return nil, fault.Wrap(fault.Internal, err, "counting the connections")
+	}
+	return release, nil
+}
+
+func (c *Callout) refused(budget string) {
+	if c.Refused != nil {
+		c.Refused(budget)
+	}
 }
 
 // mint signs the connection's user: the principal's ledger row must exist now, still hold

@@ -693,6 +693,11 @@ func checkMetricsRead(r *blockRun) {
 				t.Errorf("/metrics: want %q in:\n%s", want, body)
 			}
 		}
+		// Each replica counts the data account's connections of the whole space: both replicas'
+		// serving users are the plane's own on each scrape.
+		if m := regexp.MustCompile(`(?m)^authplane_data_connections\{who="plane"\} (\d+)$`).FindStringSubmatch(body); m == nil || m[1] < "2" {
+			t.Errorf("/metrics: the plane's own connections counted %v, want both replicas' serving users, in:\n%s", m, body)
+		}
 		for _, line := range strings.Split(body, "\n") {
 			if strings.HasPrefix(line, "authplane_requests_total{") && strings.Contains(line, `code="ok"`) {
 				n, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)

@@ -42,21 +42,22 @@ func (p *Plane) serveCallout(c *handlers.Callout) error {
 	}
 	p.callout.Store(nc)
 	p.onClose("drain the callout connection", func() error { return drain(p.callout.Load(), p.drainTimeout()) })
-	p.renewEvery("callout user", func() {
+	p.renewEvery("callout user", func() error {
 		if p.fenced.Load() {
-			return
+			return nil
 		}
 		next, err := open()
 		if err != nil {
-			p.log.Warn("renewing the callout user failed; the current one reconnects when it expires", "err", err)
-			return
+			return p.renewal("callout", err)
 		}
+		p.renewal("callout", nil)
 		old := p.callout.Swap(next)
 		p.bg.Go(func() {
 			if err := drain(old, p.drainTimeout()); err != nil {
 				p.log.Warn("retiring the previous callout connection", "err", err)
 			}
 		})
+		return nil
 	})
 	return nil
 }

@@ -87,6 +87,13 @@ type Config struct {
 	MaxSubscriptions int64
 	MaxPayload       int64
 	MaxConnections   int64
+	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
+	// replica while one renews): tenants together hold at most MaxConnections less these.
+	// MaxConnectionsPerPrincipal bounds one principal's connections. Both hold per space: every
+	// replica sees every server's connect events, refuses a bearer user past them at the auth
+	// callout and kicks a JWT user past them once it has connected.
+	ReservedConnections        int64
+	MaxConnectionsPerPrincipal int64
 
 	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
 	WitnessBytes int64
@@ -137,6 +144,16 @@ type Hooks struct {
 // (BENCHMARKS.md), so the instances stay and the docs point to the stats' total row.
 const DefaultWorkersPerCPU = 16
 
+// DefaultReservedConnections is how many of the data account's connections the plane keeps for
+// its own serving users unless --reserved-connections says otherwise: two per replica (the
+// current one and the next while it renews), for up to four replicas.
+const DefaultReservedConnections = 8
+
+// DefaultMaxConnectionsPerPrincipal is how many connections one principal may hold in the data
+// account unless --max-connections-per-principal says otherwise: a manager's duties hold one
+// each, a person's tools a few.
+const DefaultMaxConnectionsPerPrincipal = 64
+
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
@@ -167,6 +184,10 @@ func Defaults() Config {
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
 		ConnectTimeout:       time.Minute,
+
+		// The connection budgets (internal/conns).
+		ReservedConnections:        DefaultReservedConnections,
+		MaxConnectionsPerPrincipal: DefaultMaxConnectionsPerPrincipal,
 	}
 }
 
@@ -236,6 +257,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
 		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
+	} else if c.ReservedConnections < 2 || c.ReservedConnections >= c.MaxConnections {
+		bad("--reserved-connections %d: want 2 (one replica renewing its serving user) to less than --max-connections (%d)", c.ReservedConnections, c.MaxConnections)
+	} else if c.MaxConnectionsPerPrincipal < 1 || c.MaxConnectionsPerPrincipal > c.MaxConnections-c.ReservedConnections {
+		bad("--max-connections-per-principal %d: want 1 to --max-connections less --reserved-connections (%d)", c.MaxConnectionsPerPrincipal, c.MaxConnections-c.ReservedConnections)
 	}
 	if c.WitnessBytes < 1<<20 {
 		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -109,24 +111,62 @@ func unreachable(err error) bool {
 	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne)
 }
 
+// renewRetry is how soon a failed renewal of one of the plane's users is tried again: the user
+// it would replace has a third of its life left.
+const renewRetry = time.Second
+
 // renewEvery runs fn at two thirds of the plane users' lifetime, before the broker would cut
-// them off, until Close, which waits for a renewal under way to finish.
-func (p *Plane) renewEvery(what string, fn func()) {
+// them off, and again every renewRetry while it fails, until Close, which waits for a renewal
+// under way to finish.
+func (p *Plane) renewEvery(what string, fn func() error) {
 	stop, done := make(chan struct{}), make(chan struct{})
 	p.bg.Go(func() {
 		defer close(done)
-		t := time.NewTicker(p.cfg.PlaneUserTTL * 2 / 3)
+		t := time.NewTimer(p.cfg.PlaneUserTTL * 2 / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
-				fn()
 			}
+			next := p.cfg.PlaneUserTTL * 2 / 3
+			if err := fn(); err != nil {
+				next = renewRetry
+			}
+			t.Reset(next)
 		}
 	})
 	p.onClose("stop renewing the "+what, func() error { close(stop); <-done; return nil })
+}
+
+// renewal records the outcome of a renewal of the plane's user of role: a failure is counted
+// and logged, and /health says so until a renewal of that role succeeds.
+func (p *Plane) renewal(role string, err error) error {
+	p.renewMu.Lock()
+	defer p.renewMu.Unlock()
+	if err == nil {
+		delete(p.renewFailing, role)
+		return nil
+	}
+	p.metrics.RenewalFailed(role)
+	p.log.Warn("renewing the plane's "+role+" user failed; retrying", "in", renewRetry, "err", err)
+	if p.renewFailing == nil {
+		p.renewFailing = map[string]string{}
+	}
+	p.renewFailing[role] = err.Error()
+	return err
+}
+
+// renewalFailing says which of the plane's users could not be renewed, and why; "" when none.
+func (p *Plane) renewalFailing() string {
+	p.renewMu.Lock()
+	defer p.renewMu.Unlock()
+	roles := slices.Sorted(maps.Keys(p.renewFailing))
+	if len(roles) == 0 {
+		return ""
+	}
+	return "renewing the " + roles[0] + " user fails (it is retried; the current one expires): " + p.renewFailing[roles[0]]
 }
 
 // connectRenewed opens one of the plane's own connections (the store's, the system user's),
@@ -140,10 +180,11 @@ func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Per
 	}
 	// A drain waits for requests in flight: each may take its whole deadline.
 	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.drainTimeout()) })
-	p.renewEvery(role+" user", func() {
+	p.renewEvery(role+" user", func() error {
 		if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-			p.log.Warn("renewing the plane's "+role+" user failed", "err", err)
+			return p.renewal(role, err)
 		}
+		return p.renewal(role, nil)
 	})
 	return nc, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/subjects"
@@ -50,7 +51,8 @@ func series() metrics.Series {
 		// What a commit refuses: a store's answers, a revoked run, a claimed key.
 		DiscardCodes: []string{string(fault.Conflict), string(fault.FailedPrecondition), string(fault.ResourceExhausted),
 			string(fault.Internal), string(fault.Unavailable), string(fault.PermissionDenied), string(fault.AlreadyExists)},
-		Conns: connRoles,
+		Conns:             connRoles,
+		ConnectionBudgets: []string{conns.BudgetPrincipal, conns.BudgetTenants},
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -74,6 +75,16 @@ type Plane struct {
 	metrics   *metrics.Metrics
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *supervisor.Revocations
+	// system is the system user's connection; conns the data account's connections held to
+	// their budgets through it, relisted when relist is signalled (its reconnection).
+	system      *nats.Conn
+	conns       *conns.Ledger
+	relist      chan struct{}
+	overReserve atomic.Bool
+	kicked      atomic.Uint64
+	// renewFailing says, by role, why the last renewal of one of the plane's users failed.
+	renewMu      sync.Mutex
+	renewFailing map[string]string
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
@@ -123,7 +134,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1),
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1),
 		startCtx: ctx, connectBy: time.Now().Add(cfg.ConnectTimeout)}
 	p.info.Space = cfg.Space
 	p.setPhase("taking the state directory")
@@ -208,6 +219,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
+	if err := p.watchConnections(openCtx, p.system); err != nil {
+		return nil, err
+	}
 	if err := p.serveAuditors(planeIssuer); err != nil {
 		return nil, err
 	}
@@ -259,10 +273,18 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), nil)
+	// Connection events missed while it was away are put right by a listing.
+	relist := func() {
+		select {
+		case p.relist <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), relist)
 	if err != nil {
 		return err
 	}
+	p.system = system
 	p.revocations = &supervisor.Revocations{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
@@ -306,6 +328,9 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	}
 	if !p.connected() {
 		return false, "disconnected from NATS"
+	}
+	if reason := p.renewalFailing(); reason != "" {
+		return false, reason
 	}
 	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
 	switch {

@@ -107,7 +107,8 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	d.callout = &handlers.Callout{
 		Space: cfg.Space, Guard: d.guard, Keys: d.http.Keys, Ledger: p.stores.Actors, Pipeline: pipeline,
 		Account: p.keys.Callout.Public(), Signer: p.keys.Callout.Signer, XKey: p.keys.CalloutXKey,
-		Log: p.log.With("face", "callout"),
+		Log:   p.log.With("face", "callout"),
+		Conns: p.conns, Refused: func(budget string) { p.metrics.ConnectionRefused(budget, "callout") },
 	}
 	return d, nil
 }
@@ -144,15 +145,15 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	// The closers run last pushed, first run: the services stop, then the connection drains.
 	p.onClose("drain the serving connection", func() error { return drain(p.serving.Load().nc, p.drainTimeout()) })
 	p.onClose("stop the micro services", p.stopServices)
-	p.renewEvery("serving user", func() {
+	p.renewEvery("serving user", func() error {
 		if p.fenced.Load() {
-			return
+			return nil
 		}
 		next, err := open()
 		if err != nil {
-			p.log.Warn("renewing the serving user failed; the current one reconnects when it expires", "err", err)
-			return
+			return p.renewal("serving", err)
 		}
+		p.renewal("serving", nil)
 		old := p.serving.Swap(next)
 		p.log.Debug("renewed the serving user", "conn", "serving")
 		p.bg.Go(func() {
@@ -160,6 +161,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 				p.log.Warn("retiring the previous serving connection", "err", err)
 			}
 		})
+		return nil
 	})
 	return nil
 }

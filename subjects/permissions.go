@@ -134,8 +134,9 @@ func StorePermissions(space string) Permissions {
 
 // SystemPermissions are those of the plane's system-account user: it pushes the data and plane
 // accounts' JWTs to the broker's resolvers, reads the data account's back from each, lists that
-// account's connections on each server, and counts the servers; nothing else, and for no other
-// account.
+// account's connections on each server, hears them open and close, kicks one past its budget,
+// and counts the servers; nothing else, and for no other account (a kick names a server and a
+// connection id, not an account: the plane kicks only what the data account's events named).
 func SystemPermissions(dataAccount, planeAccount string) Permissions {
 	return Permissions{
 		Pub: []string{
@@ -143,8 +144,19 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			AccountClaimsUpdate(planeAccount),
 			AccountClaimsLookup(dataAccount),
 			AccountConnz(dataAccount),
+			ServerKick("*"),
 			ServerPing,
 		},
+		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount)},
+	}
+}
+
+// KickPermissions are those of the system-account user an operator's command connects as to
+// close a principal's connections (`authplane agent --revoke`): it lists the data account's
+// connections, kicks them, and counts the servers.
+func KickPermissions(dataAccount string) Permissions {
+	return Permissions{
+		Pub: []string{AccountConnz(dataAccount), ServerKick("*"), ServerPing},
 		Sub: []string{"_INBOX.>"},
 	}
 }

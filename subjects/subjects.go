@@ -181,3 +181,20 @@ func AccountConnz(account string) string { return "$SYS.REQ.ACCOUNT." + account 
 
 // ServerPing asks every server for its statistics: how the plane counts a cluster's servers.
 const ServerPing = "$SYS.REQ.SERVER.PING"
+
+// AccountConnectEvents and AccountDisconnectEvents are where every server announces a client
+// connection of the account opening and closing: how the plane counts each principal's
+// connections.
+func AccountConnectEvents(account string) string { return "$SYS.ACCOUNT." + account + ".CONNECT" }
+
+// AccountDisconnectEvents: see AccountConnectEvents.
+func AccountDisconnectEvents(account string) string {
+	return "$SYS.ACCOUNT." + account + ".DISCONNECT"
+}
+
+// ServerKick asks the server with id server to close one client connection (by its cid).
+func ServerKick(server string) string { return "$SYS.REQ.SERVER." + server + ".KICK" }
+
+// PlaneUserPrefix starts the name of every user the plane mints for its own connections
+// (`plane.serving_<instance>`): no principal's name does (an owner starts `u_` or `p_`).
+const PlaneUserPrefix = "plane."

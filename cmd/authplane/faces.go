@@ -35,13 +35,14 @@ func owner(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// agent gives a managed agent a fresh one-time secret, or revokes it.
+// agent gives a managed agent a fresh secret (reusable until revoked or replaced), or revokes
+// it and closes its live connections.
 func agent(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("agent", "[flags]", stderr)
 	l := locateFlags(fs)
 	ownerFlag, actor := principalFlags(fs)
-	out := fs.String("out", "", "the file to write the agent's one-time secret to (0600)")
-	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused")
+	out := fs.String("out", "", "the file to write the agent's secret to (0600; reusable: the agent exchanges it for each bearer until --revoke or a new --out)")
+	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused, and its live connections closed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -60,10 +61,11 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	principal := subjects.Principal(*ownerFlag, *actor)
 	if *revoke {
-		if _, err := admin.RevokeAgent(ctx, m, url, *ownerFlag, *actor); err != nil {
+		revoked, err := admin.RevokeAgent(ctx, m, url, *ownerFlag, *actor)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "revoked agent %s\n", principal)
+		fmt.Fprintf(stdout, "revoked agent %s: closed %d live connections\n", principal, revoked.Closed)
 		return nil
 	}
 	secret, _, err := admin.SetAgent(ctx, m, url, *ownerFlag, *actor)
@@ -76,7 +78,7 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
-	fmt.Fprintf(stdout, "wrote the one-time secret of agent %s to %s\n", principal, *out)
+	fmt.Fprintf(stdout, "wrote the secret of agent %s to %s (reusable: exchange it for each bearer; --revoke ends it)\n", principal, *out)
 	fmt.Fprintf(stdout, "exchange it: POST /exchange {\"owner\":%q,\"actor\":%q,\"actorToken\":<the secret>}\n", *ownerFlag, *actor)
 	return nil
 }

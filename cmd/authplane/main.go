@@ -31,7 +31,7 @@ var commands = []command{
 	{"grant", "[flags]", "write a principal's ledger row (its scopes)", grant},
 	{"nkeys", "[flags]", "generate a manager's five duty nkeys and a prepare body", nkeysCmd},
 	{"owner", "[flags]", "print the u_ owner an IdP subject derives in this space", owner},
-	{"agent", "[flags]", "give a managed agent a one-time exchange secret, or revoke it", agent},
+	{"agent", "[flags]", "give a managed agent a (reusable) exchange secret, or revoke it", agent},
 	{"keys", "list|rotate|retire KID", "list, rotate or retire the bearer keys /jwks publishes", keys},
 	{"identity", "migrate [flags]", "move a file identity into the store (then --identity-store kv)", identityCmd},
 	{"version", "", "print the release, module version and VCS revision", versionCmd},

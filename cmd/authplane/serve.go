@@ -51,6 +51,8 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.MaxSubscriptions, "max-subscriptions", cfg.MaxSubscriptions, "subscriptions each minted user may hold")
 	fs.Int64Var(&cfg.MaxPayload, "max-payload", cfg.MaxPayload, "largest message each minted user may publish, in bytes")
 	fs.Int64Var(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "connections of the data account (every minted user's, the plane's serving ones included)")
+	fs.Int64Var(&cfg.ReservedConnections, "reserved-connections", cfg.ReservedConnections, "of --max-connections, those kept for the plane's own serving users (two per replica)")
+	fs.Int64Var(&cfg.MaxConnectionsPerPrincipal, "max-connections-per-principal", cfg.MaxConnectionsPerPrincipal, "connections one principal may hold in the data account")
 	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")

@@ -32,8 +32,9 @@ type Row struct {
 	Scope        []string `json:"scope"`
 	LifecycleUID string   `json:"lifecycleUid,omitempty"`
 	GrantedAt    int64    `json:"grantedAt"` // milliseconds
-	// TokenHash, on a managed agent's row, is the hex SHA-256 of the one-time secret it was
-	// spawned with: what /exchange's agent arm checks. Clearing it revokes the agent.
+	// TokenHash, on a managed agent's row, is the hex SHA-256 of the secret it was spawned
+	// with: what /exchange's agent arm checks, on every exchange (the secret is reusable).
+	// Clearing it revokes the agent.
 	TokenHash string `json:"tokenHash,omitempty"`
 }
 

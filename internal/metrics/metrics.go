@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,9 @@ type Metrics struct {
 	reconnects *prometheus.CounterVec
 	budgets    *prometheus.CounterVec
 	auditors   *prometheus.CounterVec
+
+	connOnce sync.Once
+	conn     *connections
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it

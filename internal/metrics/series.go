@@ -22,6 +22,9 @@ type Series struct {
 	DiscardCodes []string
 	// Conns are the roles of the plane's own NATS connections.
 	Conns []string
+	// ConnectionBudgets are the data account's connection budgets (refused by the callout, or
+	// kicked).
+	ConnectionBudgets []string
 }
 
 // Declare creates every series s names, at 0.
@@ -46,8 +49,15 @@ func (m *Metrics) Declare(s Series) {
 			m.discarded.WithLabelValues(endpoint, code)
 		}
 	}
+	c := m.connectionMetrics()
 	for _, conn := range s.Conns {
 		m.reconnects.WithLabelValues(conn)
+		c.renewals.WithLabelValues(conn)
+	}
+	for _, budget := range s.ConnectionBudgets {
+		for _, by := range []string{"callout", "kick"} {
+			c.refused.WithLabelValues(budget, by)
+		}
 	}
 	for _, b := range [][2]string{{"public", BudgetInFlight}, {"public", BudgetPeerInFlight}, {"public", BudgetBodyTimeout},
 		{"loopback", BudgetInFlight}, {"loopback", BudgetBodyTimeout}} {
