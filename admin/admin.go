@@ -81,7 +81,7 @@ func (l Locate) URL() (string, error) {
 	return info.NATSURL, nil
 }
 
-// Role is what a `.creds` file lets its holder do (DESIGN §6.8).
+// Role is what a `.creds` file lets its holder do (docs/PROTOCOL.md, "What each credential may do").
 type Role string
 
 // The roles `authplane creds --role` writes.
@@ -215,7 +215,7 @@ func (a jsAppender) Append(ctx context.Context, subject string, data []byte, msg
 	return nil
 }
 
-// credsGrant is the JWT name and the permissions of o's role (DESIGN §6.8).
+// credsGrant is the JWT name and the permissions of o's role (docs/PROTOCOL.md, "What each credential may do").
 func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, error) {
 	if o.Role == RoleAuditor {
 		if o.Owner != "" || o.Actor != "" {

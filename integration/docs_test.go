@@ -169,3 +169,35 @@ func TestNoDocumentDefinesOneNameTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestNoFileCitesADocumentOutsideTheRepository: the project's design and style notes live
+// outside the repository; no file in it, Go comments included, cites them (the wire contract is
+// docs/PROTOCOL.md, and the docs cite one another), nor a section sign that is not an RFC's.
+func TestNoFileCitesADocumentOutsideTheRepository(t *testing.T) {
+	outside := regexp.MustCompile(`\b(` + "DES" + `IGN|` + "STY" + `LE\.md|reference ` + "\u00a7)")
+	section := regexp.MustCompile(`(RFC \d+ )?§\s?\d`)
+	files := strings.Split(strings.TrimSpace(gitOut(t, "..", "ls-files")), "\n")
+	if len(files) < 100 {
+		t.Fatalf("git ls-files lists %d files; the listing is broken", len(files))
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(filepath.Join("..", f))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if strings.ContainsRune(string(raw), 0) {
+			continue // not text
+		}
+		for i, line := range strings.Split(string(raw), "\n") {
+			if outside.MatchString(line) {
+				t.Errorf("%s:%d cites a document outside the repository: %s", f, i+1, strings.TrimSpace(line))
+			}
+			for _, m := range section.FindAllStringSubmatch(line, -1) {
+				if m[1] == "" {
+					t.Errorf("%s:%d cites a section of a document outside the repository: %s", f, i+1, strings.TrimSpace(line))
+				}
+			}
+		}
+	}
+}

@@ -153,7 +153,7 @@ func (p *Plane) serveOn(l net.Listener, handler http.Handler, name string) {
 	})
 }
 
-// bundle is the discovery bundle the public face serves (DESIGN §7): where the broker is, the
+// bundle is the discovery bundle the public face serves (docs/PROTOCOL.md, "The HTTP face"): where the broker is, the
 // IdP the space trusts, the doors, and the deny-all sentinel creds a client connects with.
 func (p *Plane) bundle(public string) ([]byte, error) {
 	server := p.cfg.AdvertisedServer

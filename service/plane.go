@@ -122,7 +122,7 @@ func (p *Plane) onClose(what string, fn func() error) {
 	p.closers = append(p.closers, closer{what, fn})
 }
 
-// Start brings the plane up in the order DESIGN §3 and §6.7 give; auth-service.json is written
+// Start brings the plane up in the order docs/OPERATIONS.md ("What it runs") gives; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
 func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := cfg.Validate(); err != nil {

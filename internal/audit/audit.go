@@ -132,7 +132,7 @@ const (
 	RefusedSummary = "refused-summary"
 )
 
-// Bounds of the refused records (DESIGN §5): one caller once evicted the whole audit history
+// Bounds of the refused records (docs/PROTOCOL.md, "Conventions"): one caller once evicted the whole audit history
 // with oversized bodies echoed into its refusals.
 const (
 	// MaxRefusedRecord is the largest `refused` record, in bytes.

@@ -37,7 +37,7 @@ type Engine struct {
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
 	MaxInstancesPerOwner int
-	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
+	// Assignments vouches for a supervised instance's own renewals (docs/PROTOCOL.md, "manager-authority"); nil refuses
 	// them.
 	Assignments Assignments
 	// Records records the run decisions that mint nothing, admissions and revocations (the
@@ -59,7 +59,7 @@ type Assignments interface {
 }
 
 // Supervision is what an operation runs under when a platform admin asks on an owner's behalf
-// (supervisor-authority, DESIGN §6.5). The admin's checks (its scope, the assignment, the
+// (supervisor-authority, docs/PROTOCOL.md). The admin's checks (its scope, the assignment, the
 // ended-assignment fence) are the supervisor's; the operation then needs no `supervise` of its
 // caller.
 type Supervision struct {
@@ -392,7 +392,7 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string
 }
 
 // ceiling is what a supervised instance's every credential is clamped to, whatever door or
-// duty: the end of the platform supervisor assignment it was prepared under (DESIGN §6.5), or
+// duty: the end of the platform supervisor assignment it was prepared under (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), or
 // of the one a platform supervisor asks under now (sup), whichever comes first.
 func ceiling(row gate.Row, iid string, sup *Supervision) issue.Ceiling {
 	until := row.SupervisedUntil

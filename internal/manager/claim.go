@@ -14,7 +14,7 @@ import (
 )
 
 // claim is `nkey.<pub>` in the fence bucket: the instance a user nkey belongs to, for life
-// (DESIGN §6.2). An end revokes by nkey; without the claim one owner could register another
+// (docs/PROTOCOL.md, "manager-service-authority"). An end revokes by nkey; without the claim one owner could register another
 // owner's public nkeys, and ending the first instance would revoke the second's credentials.
 type claim struct {
 	V          int    `json:"v"`

@@ -20,7 +20,7 @@ const maxReason = 256
 // errAlreadyRevoked tells the run fence's update there is nothing to write.
 var errAlreadyRevoked = errors.New("run fence already revoked")
 
-// RevokeRun serves `manager-run-revoke` (DESIGN §6.4), on the run-revoke endpoint and through
+// RevokeRun serves `manager-run-revoke` (docs/PROTOCOL.md, "run-revoke"), on the run-revoke endpoint and through
 // manager-authority. The run must be admitted for this instance; the caller must be its
 // admitted owner (no scope needed) or hold `admin`, read now (a `p_` platform holder is
 // refused); the request carries the manager's current proof. It writes the revocation marker

@@ -44,7 +44,7 @@ const (
 // Family names the rule a stream is made for.
 type Family int
 
-// The families of DESIGN §6.6.
+// The families docs/OPERATIONS.md lists ("What it runs": the stores).
 const (
 	// CAS: a bucket whose rows change only by compare-and-set; history 1.
 	CAS Family = iota

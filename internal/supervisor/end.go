@@ -19,7 +19,7 @@ import (
 const MaxReason = fault.MaxMessage
 
 // End serves supervisor-end for caller: it ends owner's assignment, which must name the body's
-// instance and lifecycle, in DESIGN §6.5's order: (1) freeze the gate (created retired if
+// instance and lifecycle, in the order docs/PROTOCOL.md gives ("supervisor-end"): (1) freeze the gate (created retired if
 // absent), so no mint commits after it; (2) mark the assignment ended; (3) retire the recorded
 // supervisor and executor generations; (4) retire the gate; (5) put every key a `minted` record
 // of the instance names on the data account's revocation set, apply it at the broker, read it
