@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -328,7 +329,7 @@ func (r *blockRun) start(blocks []docBlock) {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	for i, port := range freePorts(t, len(names)) {
+	for i, port := range quietPorts(t, len(names)) {
 		r.ports[names[i]] = strconv.Itoa(port)
 	}
 	var env []string
@@ -383,6 +384,36 @@ trap 'echo "::failed at ${BASH_SOURCE[0]##*/}:$LINENO: $BASH_COMMAND" >&2' ERR
 echo "::ready"
 `)
 	r.await("::ready", "the shell starting")
+}
+
+// quietPorts returns n free ports below the kernel's ephemeral range: the blocks listen on
+// them seconds after they are chosen, and a port of the ephemeral range could meanwhile be
+// handed to another test's listener or connection. Without the range to read, free ports.
+func quietPorts(t *testing.T, n int) []int {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	low := 0
+	if err == nil {
+		low, err = strconv.Atoi(strings.Fields(string(raw))[0])
+	}
+	if err != nil || low < 20000 {
+		return freePorts(t, n)
+	}
+	var out []int
+	for port := 10000 + rand.IntN(low-10000-n*4); len(out) < n && port < low; port++ {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, port)
+	}
+	if len(out) < n {
+		return freePorts(t, n)
+	}
+	return out
 }
 
 // send writes text to the shell.
