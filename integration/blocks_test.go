@@ -20,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -695,8 +698,18 @@ func checkRunRevoked(r *blockRun) {
 		t.Fatalf("revoked %q, want the admitted run %q", str(rev, "runId"), runID)
 	}
 	r.revoked = runID
+	// The run's owner has a witness stream of its own, replicated on the cluster, with the
+	// default budgets, and no stream is shared by every owner.
+	p := r.plane("plane1")
+	info, err := streamInfo(t, p, subjects.WitnessStream(testSpace, ownerA))
+	if err != nil || info.Config.Replicas != 3 || info.Config.MaxMsgs != store.DefaultWitnessRuns || info.Config.MaxBytes != store.DefaultWitnessBytes {
+		t.Errorf("the run's owner's witness: got %+v %v, want 3 replicas, %d run-starts in %d bytes", info, err, store.DefaultWitnessRuns, store.DefaultWitnessBytes)
+	}
+	if _, err := p.JS(t).Stream(t.Context(), subjects.SharedWitnessStream(testSpace)); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("a shared witness stream: %v, want none", err)
+	}
 	var marker map[string]any
-	if err := json.Unmarshal(markerOf(t, r.plane("plane1"), runID), &marker); err != nil || str(marker, "reason") != "stopped by the operator on call" ||
+	if err := json.Unmarshal(markerOf(t, p, runID), &marker); err != nil || str(marker, "reason") != "stopped by the operator on call" ||
 		str(marker, "revokedAt") != str(rev, "revocation.revokedAt") {
 		t.Errorf("the stored marker %v (%v), want the reply's %v", marker, err, rev["revocation"])
 	}

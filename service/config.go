@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -95,10 +96,16 @@ type Config struct {
 	ReservedConnections        int64
 	MaxConnectionsPerPrincipal int64
 
-	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
+	// WitnessBytes and WitnessRuns bound each owner's witness stream: its run-starts of the
+	// last five minutes, in bytes and in count (per space: the stream is in the store).
 	WitnessBytes int64
-	MintedBytes  int64
-	AuditBytes   int64
+	WitnessRuns  int64
+	// MintedBytes and AuditBytes bound those streams.
+	MintedBytes int64
+	AuditBytes  int64
+	// AuditRecords is how many full audit records of each decision one owner gets a minute
+	// from this replica; past it, they are counted in one summary record for the minute.
+	AuditRecords int
 	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
 	// streams holds, per space.
 	AuditorConsumers int
@@ -132,6 +139,9 @@ type Hooks struct {
 	// AfterEndStep runs after each step (1 to 5) of the supervisor-end of instance iid; an error
 	// stops the end there, as a crash would.
 	AfterEndStep func(iid string, step int) error
+	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
+	// metrics, instead of every WitnessSampleEvery.
+	WitnessSampleEvery time.Duration
 }
 
 // DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
@@ -143,6 +153,10 @@ type Hooks struct {
 // per replica (the most that keeps `nats micro stats` at 40 rows), the median p99 rose 21 %
 // (BENCHMARKS.md), so the instances stay and the docs point to the stats' total row.
 const DefaultWorkersPerCPU = 16
+
+// witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its
+// subject (at most a few hundred bytes) and the store's own framing.
+const witnessMargin = 4 << 10
 
 // DefaultReservedConnections is how many of the data account's connections the plane keeps for
 // its own serving users unless --reserved-connections says otherwise: two per replica (the
@@ -178,8 +192,10 @@ func Defaults() Config {
 		MaxPayload:           mint.DefaultLimits.Payload,
 		MaxConnections:       10_000,
 		WitnessBytes:         store.DefaultWitnessBytes,
+		WitnessRuns:          store.DefaultWitnessRuns,
 		MintedBytes:          store.DefaultMintedBytes,
 		AuditBytes:           store.DefaultAuditBytes,
+		AuditRecords:         audit.DefaultPerMinute,
 		AuditorConsumers:     store.DefaultReaderConsumers,
 		IdentityStore:        instance.StoreFile,
 		DrainTimeout:         10 * time.Second,
@@ -262,14 +278,21 @@ func (c Config) Validate() error {
 	} else if c.MaxConnectionsPerPrincipal < 1 || c.MaxConnectionsPerPrincipal > c.MaxConnections-c.ReservedConnections {
 		bad("--max-connections-per-principal %d: want 1 to --max-connections less --reserved-connections (%d)", c.MaxConnectionsPerPrincipal, c.MaxConnections-c.ReservedConnections)
 	}
-	if c.WitnessBytes < 1<<20 {
-		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)
+	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload+witnessMargin {
+		// One run-start of the largest payload a caller may publish, with its subject, fits.
+		bad("--witness-bytes %d: want at least 1 MiB and at least --max-payload (%d) plus 4 KiB", c.WitnessBytes, c.MaxPayload)
+	}
+	if c.WitnessRuns < 1 || c.WitnessRuns > 1_000_000 {
+		bad("--witness-runs %d: want 1 to 1000000", c.WitnessRuns)
 	}
 	if c.MintedBytes < 1<<20 {
 		bad("--minted-bytes %d: want at least 1 MiB", c.MintedBytes)
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditRecords < 1 || c.AuditRecords > 100_000 {
+		bad("--audit-records %d: want 1 to 100000", c.AuditRecords)
 	}
 	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
 		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
@@ -53,6 +54,8 @@ func series() metrics.Series {
 			string(fault.Internal), string(fault.Unavailable), string(fault.PermissionDenied), string(fault.AlreadyExists)},
 		Conns:             connRoles,
 		ConnectionBudgets: []string{conns.BudgetPrincipal, conns.BudgetTenants},
+		Decisions: []string{audit.Refused, audit.Discarded, audit.Admitted, audit.Revoked, audit.Assigned, audit.Ended,
+			audit.Exchanged},
 	}
 }
 

@@ -197,6 +197,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
+		WitnessRuns:  cfg.WitnessRuns,
 		MintedBytes:  cfg.MintedBytes,
 		AuditBytes:   cfg.AuditBytes,
 		// The auditors' readers of the minted and audit streams.
@@ -205,6 +206,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
+	p.watchWitnesses()
 	if cfg.IdentityStore == instance.StoreKV {
 		if p.identity, err = instance.Claim(openCtx, p.stores.Secrets, cfg.Dir, cfg.Space, cfg.InstanceName); err != nil {
 			return nil, err

@@ -41,7 +41,8 @@ type doors struct {
 func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
-	// The refusal budget's summaries are flushed until the services have stopped, then once
+	recorder.PerMinute, recorder.Summarized = cfg.AuditRecords, p.metrics.Summarized
+	// The record budgets' summaries are flushed until the services have stopped, then once
 	// more (this closer runs after theirs).
 	ctx, stop := context.WithCancel(context.Background())
 	flushed := make(chan struct{})

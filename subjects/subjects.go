@@ -132,6 +132,17 @@ func RunStartExports(space string) []string {
 	}
 }
 
+// OwnerRunStarts lists the run-start subjects owner's callers publish: what the owner's witness
+// stream captures. No two owners' overlap.
+func OwnerRunStarts(space, owner string) []string {
+	p := "cotal." + space + ".ep.v1."
+	return []string{
+		p + "one.manager.run-start." + owner + ".>",
+		p + "all.manager.run-start." + owner + ".>",
+		p + "inst.manager.*.run-start." + owner + ".>",
+	}
+}
+
 // Records the plane writes into its own account.
 
 // NoInstance stands for the instance in the `minted` subject of a credential minted for no

@@ -260,7 +260,7 @@ func TestServingAndStorePermissionssStayOutOfTheOtherPlaces(t *testing.T) {
 func TestKeysAndBucketsNameTheirSpace(t *testing.T) {
 	for _, name := range []string{AuthBucket("s1"), ActorsBucket("s1"), IssuedBucket("s1"), AcceptedBucket("s1"),
 		AdmissionBucket("s1"), RecordsBucket("s1"), PlatformBucket("s1"), KeysBucket("s1"), SecretsBucket("s1"),
-		WitnessStream("s1"), MintedStream("s1"), AuditStream("s1")} {
+		SharedWitnessStream("s1"), MintedStream("s1"), AuditStream("s1")} {
 		if !strings.HasPrefix(name, "cotal_") || !strings.HasSuffix(name, "_s1") {
 			t.Errorf("bucket %q: want cotal_<family>_s1", name)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
@@ -343,6 +344,11 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // refused once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
+	if slices.Contains(duties, subjects.DutyServe) {
+		// The serve duty receives its owner's run-starts: the owner's witness captures them
+		// from before it can.
+		e.Witness.OpenWitness(ctx, owner)
+	}
 	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
 	if err != nil {
 		return nil, err

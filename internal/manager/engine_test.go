@@ -78,6 +78,8 @@ type witnessAll struct{}
 
 func (witnessAll) Witnessed(context.Context, string) (bool, error) { return true, nil }
 
+func (witnessAll) OpenWitness(context.Context, string) {}
+
 func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 	t.Helper()
 	b := with(map[string]any{
@@ -317,4 +319,52 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// opened records the owners whose witness was opened, and how many records had been written
+// when it was.
+type opened struct {
+	witnessAll
+	env    *engineEnv
+	owners []string
+	before []int
+}
+
+func (o *opened) OpenWitness(_ context.Context, owner string) {
+	o.owners = append(o.owners, owner)
+	o.before = append(o.before, len(o.env.records.Msgs()))
+}
+
+// Every mint of a serve duty (activate, renewStandingBundle) opens its owner's witness before
+// it signs: no manager can receive a run-start its owner's witness does not capture. The
+// other mints leave it alone.
+func TestEveryServeMintOpensItsOwnersWitnessFirst(t *testing.T) {
+	env := newEngineEnv(t)
+	w := &opened{env: env}
+	env.e.Witness = w
+	prep, err := env.serve(t, env.request(t, OpPrepare))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 0 {
+		t.Fatalf("prepare opened the witness (%v), want only the mints of a serve duty to", w.owners)
+	}
+	minted, _ := env.recorded(t)
+	act, err := env.serve(t, env.request(t, OpActivate, "registrationProof", prep.RegistrationProof))
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := []any{"registrationProof", act.NextRegistrationProof, "accountPublicKey", env.e.Account, "processEpoch", 0}
+	if _, err := env.serve(t, env.request(t, OpRenew, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.serve(t, env.request(t, OpRenewStandingBundle, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 2 || w.owners[0] != testOwner || w.owners[1] != testOwner {
+		t.Fatalf("got the witness opened for %v, want the manager's owner %s once by activate and once by renewStandingBundle", w.owners, testOwner)
+	}
+	if w.before[0] != minted {
+		t.Errorf("activate opened the witness after %d records, want before its own (%d before it)", w.before[0], minted)
+	}
 }

@@ -20,10 +20,13 @@ import (
 // (create-only, in the admission bucket), its run fence (the plane's, in the fence bucket) and
 // its status (in the run-status bucket).
 
-// Witness says whether a run-start subject was witnessed: captured, within its five minutes, by
-// the witness stream.
+// Witness is the run-starts captured, each in its owner's witness stream for five minutes.
+// Witnessed says whether one was published on a subject; OpenWitness makes sure an owner's
+// run-starts are captured from now on (its failure leaves them unwitnessed, so refused at
+// admission, and is tried again at the next call).
 type Witness interface {
 	Witnessed(ctx context.Context, subject string) (bool, error)
+	OpenWitness(ctx context.Context, owner string)
 }
 
 // runFence is `runfence.manager.<runId>`: who holds the run. Created at the first attempt,

@@ -30,6 +30,7 @@ type Metrics struct {
 	issued     *prometheus.CounterVec
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
+	summarized *prometheus.CounterVec
 	budgets    *prometheus.CounterVec
 	auditors   *prometheus.CounterVec
 
@@ -63,6 +64,10 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			Name: "authplane_nats_reconnects_total",
 			Help: "Reconnections of the plane's own NATS connections, by role.",
 		}, []string{"conn"}),
+		summarized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_audit_summarized_total",
+			Help: "Audit records past their owner's budget of the minute (--audit-records), counted in a summary record instead of written, by decision, in this process.",
+		}, []string{"decision"}),
 	}
 	kvErrors := func(class string, n func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -72,7 +77,7 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 		}, func() float64 { return float64(n()) })
 	}
 	m.budgets, m.auditors = newBudgets(), newAuditorConsumers()
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors,
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors, m.summarized,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
@@ -141,5 +146,13 @@ func (m *Metrics) Discarded(endpoint, code string) {
 func (m *Metrics) Reconnected(conn string) {
 	if m != nil {
 		m.reconnects.WithLabelValues(conn).Inc()
+	}
+}
+
+// Summarized counts one audit record of decision counted in its owner's summary instead of
+// written.
+func (m *Metrics) Summarized(decision string) {
+	if m != nil {
+		m.summarized.WithLabelValues(decision).Inc()
 	}
 }

@@ -25,6 +25,8 @@ type Series struct {
 	// ConnectionBudgets are the data account's connection budgets (refused by the callout, or
 	// kicked).
 	ConnectionBudgets []string
+	// Decisions are the audit stream's decisions, each with its owners' budget.
+	Decisions []string
 }
 
 // Declare creates every series s names, at 0.
@@ -62,6 +64,9 @@ func (m *Metrics) Declare(s Series) {
 	for _, b := range [][2]string{{"public", BudgetInFlight}, {"public", BudgetPeerInFlight}, {"public", BudgetBodyTimeout},
 		{"loopback", BudgetInFlight}, {"loopback", BudgetBodyTimeout}} {
 		m.budgets.WithLabelValues(b[0], b[1])
+	}
+	for _, d := range s.Decisions {
+		m.summarized.WithLabelValues(d)
 	}
 	for _, reason := range []string{AuditorConsumerPush, AuditorConsumerLimit, AuditorConsumerMalformed} {
 		m.auditors.WithLabelValues(reason)
