@@ -6,7 +6,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Kinds of the platform supervisor's requests (DESIGN §6.5).
+// Kinds of the platform supervisor's requests (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end").
 const (
 	KindAssign              = "platform-supervisor-assign"
 	KindSupervisorAuthority = "platform-supervisor-authority"

@@ -40,7 +40,7 @@ const (
 	xkeyHeader = "Nats-Server-Xkey"
 )
 
-// Callout serves the broker's auth callout for the callout account (DESIGN §7): a client that
+// Callout serves the broker's auth callout for the callout account (docs/PROTOCOL.md, "The HTTP face"): a client that
 // connects with the deny-all sentinel creds and a plane bearer as its token gets a user of the
 // data account, scoped by its ledger row and the bearer's view, that expires with the bearer.
 // Requests and answers are sealed with the callout's curve key; an answer is signed with the

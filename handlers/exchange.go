@@ -53,7 +53,7 @@ var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown
 // (401), not the body's.
 var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
 
-// exchange serves `POST /exchange` (DESIGN §7), one of two arms per request:
+// exchange serves `POST /exchange` (docs/PROTOCOL.md, "The HTTP face"), one of two arms per request:
 //   - human `{idpToken, actor, ttlSec?, view?}`: the IdP token verified, its subject's owner
 //     derived, the principal's ledger row read now; a bearer of at most 900 s and no longer
 //     than the IdP token lives;
@@ -175,7 +175,7 @@ type msaBody struct {
 	Request  json.RawMessage `json:"request"`
 }
 
-// managerAuthority serves `POST /manager-service-authority` (DESIGN §7): the same dispatcher
+// managerAuthority serves `POST /manager-service-authority` (docs/PROTOCOL.md, "The HTTP face"): the same dispatcher
 // as the bus endpoint, with the owner the IdP token's subject derives as the caller, and the
 // request's actor.
 func (f *face) managerAuthority(ctx context.Context, peer string, data []byte) (any, *fault.Error) {

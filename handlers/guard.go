@@ -94,7 +94,7 @@ var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping
 // (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced or stopping
 // (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
 // refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
-// answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
+// answered while the plane was being fenced is answered `unavailable` (docs/OPERATIONS.md, "What it runs": the plane's own instance): a refusal
 // keeps its own code in its record, and a mint that committed just then was withheld and
 // recorded `discarded` by the pipeline.
 func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {

@@ -25,7 +25,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/metrics"
 )
 
-// Bounds of the HTTP face (DESIGN §7).
+// Bounds of the HTTP face (docs/PROTOCOL.md, "The HTTP face").
 const (
 	// MaxBody is the largest body a door reads: exactly this many bytes are judged on their
 	// content, one more is 413.

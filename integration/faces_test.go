@@ -48,7 +48,7 @@ func sized(t testing.TB, n int, rest string) []byte {
 	return b
 }
 
-// Every POST guard answers with its status and code, in DESIGN §7's order, on both faces and
+// Every POST guard answers with its status and code, in the order docs/PROTOCOL.md gives ("The HTTP face"), on both faces and
 // both doors: 405, 403, 415, (loopback) 401, 413, 400. A request failing two guards gets the
 // earlier one's answer; a body of exactly 65,536 bytes is read and judged on its content, one
 // byte more is 413.
@@ -278,7 +278,7 @@ func TestLoopbackCapabilityMissesHaveTheirOwnBudget(t *testing.T) {
 	exchange(t, loop, good, f.cap...)
 }
 
-// refusalsPerMinute is DESIGN §7's budget of refusals (and capability misses) a minute.
+// refusalsPerMinute is the budget docs/PROTOCOL.md gives ("The HTTP face") of refusals (and capability misses) a minute.
 const refusalsPerMinute = 30
 
 // refuseN posts n refused agent exchanges to the public face as peer hops (X-Forwarded-For)

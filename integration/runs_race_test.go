@@ -9,7 +9,7 @@ import (
 )
 
 // Attempts and renewals of one run race a revoke, round after round, each round checked
-// against DESIGN §8 (invariants): no run credential comes back whose run-fence commit came
+// against the invariants of docs/SECURITY.md: no run credential comes back whose run-fence commit came
 // after the revocation's (or the takeover's, for the old hold's renewals), every one has its
 // `minted` record, and every refusal is one a manager can act on.
 func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {

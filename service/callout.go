@@ -10,7 +10,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// serveCallout serves the broker's auth callout (DESIGN §7) as the callout user, whose key the
+// serveCallout serves the broker's auth callout (docs/PROTOCOL.md, "The HTTP face") as the callout user, whose key the
 // callout account lists as the one user it does not call out for. Like the serving side, it is
 // renewed at two thirds of its user's life: the next connection subscribes before the previous
 // one drains, so no connection attempt meets a moment with no callout.

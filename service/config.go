@@ -125,6 +125,10 @@ type Config struct {
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
 	DrainTimeout time.Duration
+	// ConnectTimeout is how long the start retries its first connection to NATS (--nats-url),
+	// with backoff, before it gives up: a plane started beside its cluster waits for it. 0 tries
+	// once.
+	ConnectTimeout time.Duration
 
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
@@ -157,7 +161,9 @@ type Hooks struct {
 // minted records, the commit), and the broker hands each request to a random instance of the
 // queue group, busy or not: with few instances a request often waits behind another one's
 // store round trips while others idle. At 32 requesters on 2 CPUs, 8 instances gave a p99 of
-// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request (BENCHMARKS.md).
+// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request; measured again against 8
+// per replica (the most that keeps `nats micro stats` at 40 rows), the median p99 rose 21 %
+// (BENCHMARKS.md), so the instances stay and the docs point to the stats' total row.
 const DefaultWorkersPerCPU = 16
 
 // witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its
@@ -208,6 +214,7 @@ func Defaults() Config {
 		AuditorConsumers:           store.DefaultReaderConsumers,
 		IdentityStore:              instance.StoreFile,
 		DrainTimeout:               10 * time.Second,
+		ConnectTimeout:             time.Minute,
 
 		// The connection budgets (internal/conns).
 		ReservedConnections:        DefaultReservedConnections,
@@ -324,6 +331,9 @@ func (c Config) validateOperations() []error {
 	var p []error
 	if c.DrainTimeout < 0 || c.DrainTimeout > 10*time.Minute {
 		p = append(p, fmt.Errorf("--drain-timeout %s: want 0 to 10m", c.DrainTimeout))
+	}
+	if c.ConnectTimeout < 0 || c.ConnectTimeout > time.Hour {
+		p = append(p, fmt.Errorf("--connect-timeout %s: want 0 to 1h", c.ConnectTimeout))
 	}
 	switch c.IdentityStore {
 	case "", instance.StoreFile:

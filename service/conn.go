@@ -3,9 +3,12 @@ package service
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -40,7 +43,7 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 	if p.inProcess != nil {
 		opts = append(opts, p.inProcess)
 	}
-	nc, err := nats.Connect(p.info.NATSURL, append(opts,
+	opts = append(opts,
 		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -68,11 +71,44 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 			}
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
-	)...)
+	)
+	nc, err := p.connect(log, opts)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}
 	return nc, nil
+}
+
+// connect opens a connection with opts. Until --connect-timeout after the start began, a
+// broker that cannot be reached yet (none of the URLs answers: a cluster starting beside the
+// plane, a server restarting) is tried again, with backoff from 100 ms to 2 s; a broker that
+// answers and refuses (the credentials) is not. A signal during the start ends the wait.
+func (p *Plane) connect(log *slog.Logger, opts []nats.Option) (*nats.Conn, error) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		nc, err := nats.Connect(p.info.NATSURL, opts...)
+		left := time.Until(p.connectBy)
+		if err == nil || p.inProcess != nil || !unreachable(err) || left <= 0 {
+			return nc, err
+		}
+		p.setPhase(fmt.Sprintf("connecting to NATS at %s (attempt %d: %v)", broker.RedactURL(p.info.NATSURL), attempt, err))
+		if attempt&(attempt-1) == 0 { // the 1st, 2nd, 4th, 8th… attempt
+			log.Warn("NATS is not reachable yet; retrying until --connect-timeout", "attempt", attempt, "err", err, "connect_timeout", p.cfg.ConnectTimeout.String())
+		}
+		select {
+		case <-p.startCtx.Done():
+			return nil, errors.Join(err, p.startCtx.Err())
+		case <-time.After(min(wait, left)):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// unreachable reports whether err says no broker could be reached (rather than that one
+// answered and refused).
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne)
 }
 
 // renewRetry is how soon a failed renewal of one of the plane's users is tried again: the user

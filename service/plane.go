@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -75,6 +76,9 @@ type Plane struct {
 	serving   atomic.Pointer[serving]
 	callout   atomic.Pointer[nats.Conn]
 	metrics   *metrics.Metrics
+	// opened is the stores once open, for the metrics (the loopback face serves them from the
+	// start).
+	opened atomic.Pointer[store.Stores]
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *revocation.Set
 	// system is the system user's connection; conns the data account's connections held to
@@ -91,6 +95,14 @@ type Plane struct {
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
+	// phase says what a start is doing, for /health until the plane is ready.
+	phase atomic.Pointer[string]
+	// loopback is the loopback face's handler: a starting face until the doors exist.
+	loopback atomic.Pointer[http.Handler]
+	// startCtx is Start's context (a signal ends it); connectBy is when the start stops
+	// retrying its first connection to NATS.
+	startCtx  context.Context
+	connectBy time.Time
 	// drainBy is when a stop stops waiting for requests in flight; nil until it starts.
 	drainBy atomic.Pointer[time.Time]
 	// rewatch asks the fence watch to start again, after the store connection reconnected.
@@ -116,7 +128,7 @@ func (p *Plane) onClose(what string, fn func() error) {
 	p.closers = append(p.closers, closer{what, fn})
 }
 
-// Start brings the plane up in the order DESIGN §3 and §6.7 give; auth-service.json is written
+// Start brings the plane up in the order docs/OPERATIONS.md ("What it runs") gives; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
 func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -128,14 +140,17 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1)}
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1),
+		startCtx: ctx, connectBy: time.Now().Add(cfg.ConnectTimeout)}
 	p.info.Space = cfg.Space
+	p.setPhase("taking the state directory")
 	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
-		if p.stores == nil { // scraped only once the HTTP face serves, after the stores opened
-			return 0
+		if s := p.opened.Load(); s != nil {
+			return s.Retries.Load()
 		}
-		return p.stores.Retries.Load()
+		return 0 // the loopback face serves /metrics before the stores open
 	})
+	p.metrics.Declare(series())
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -153,6 +168,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := instance.RemoveServiceInfo(cfg.Dir); err != nil {
 		return nil, err
 	}
+	// The loopback face answers from here on: /health says what the start is doing (503)
+	// until the plane is ready.
+	if err := p.serveLoopback(); err != nil {
+		return nil, err
+	}
+	p.setPhase("loading the space material")
 	if err := p.loadKeys(); err != nil {
 		return nil, err
 	}
@@ -177,9 +198,11 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		default: // one is pending already
 		}
 	}
+	p.setPhase("connecting to NATS at " + broker.RedactURL(p.info.NATSURL))
 	if p.storeNC, err = p.connectRenewed("store", planeIssuer, subjects.StorePermissions(cfg.Space), rewatch); err != nil {
 		return nil, err
 	}
+	p.setPhase("opening the stores")
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
@@ -194,6 +217,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
+	p.opened.Store(p.stores)
 	p.watchWitnesses()
 	if cfg.IdentityStore == instance.StoreKV {
 		if p.identity, err = instance.Claim(openCtx, p.stores.Secrets, cfg.Dir, cfg.Space, cfg.InstanceName); err != nil {
@@ -201,6 +225,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		}
 	}
 	p.info.InstanceID = p.identity.InstanceID
+	p.setPhase("registering instance " + p.identity.InstanceID)
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
 		return nil, err
 	}
@@ -215,6 +240,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 
+	p.setPhase("starting the services")
 	// One issuer for the data account: its signing key is derived once, for every user of it.
 	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
 	if err != nil {
@@ -323,7 +349,7 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	case p.fenced.Load():
 		return false, "fenced: another process registered this instance at a newer epoch"
 	case !p.ready.Load():
-		return false, "starting"
+		return false, "starting: " + *p.phase.Load()
 	}
 	if !p.connected() {
 		return false, "disconnected from NATS"
@@ -340,6 +366,9 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	}
 	return true, ""
 }
+
+// setPhase records what the start is doing now, for /health.
+func (p *Plane) setPhase(what string) { p.phase.Store(&what) }
 
 // loadKeys loads the space material, creating it on a first embedded start. Against an
 // existing cluster the material must be the one its servers were configured from (`authplane

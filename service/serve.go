@@ -88,6 +88,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 			PerOwner:       budget.PerHour(cfg.ReregistrationsPerOwner, max(cfg.ReregistrationsPerOwner/10, 1), cfg.Now),
 			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner,
 		},
+		Records: recorder,
 	}
 	sup := &supervisor.Supervisor{
 		Space:       cfg.Space,

@@ -1,6 +1,6 @@
 package subjects
 
-// Bucket names, one family each (DESIGN §6.6). All live in the plane account.
+// Bucket names, one family each (docs/OPERATIONS.md, "What it runs": the stores). All live in the plane account.
 
 // AuthBucket holds the fences: gates, run fences and revocation sets.
 func AuthBucket(space string) string { return "cotal_auth_" + space }

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Duty names one kind of credential the plane mints (DESIGN §6.8).
+// Duty names one kind of credential the plane mints (docs/PROTOCOL.md, "What each credential may do").
 type Duty string
 
 // The duties, in the table's order.
@@ -63,7 +63,7 @@ func DutyActor(d Duty, iid, runID string) string {
 	return ""
 }
 
-// PermissionsOf is DESIGN §6.8 as code: the permissions of duty d for holder h. Every
+// PermissionsOf is docs/PROTOCOL.md's table "What each credential may do", as code: the permissions of duty d for holder h. Every
 // credential may publish its own principal's plane subjects and subscribe its own inbox;
 // nothing more unless the table says so. It returns the principal's actor with them.
 func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
@@ -189,7 +189,7 @@ type AuditorRead struct {
 // AuditedStreams are the streams an auditor reads: the minted and audit streams.
 func AuditedStreams(space string) []string { return []string{MintedStream(space), AuditStream(space)} }
 
-// AuditorReads is what DESIGN §6.8 lets an auditor do, as imports: for the minted and audit
+// AuditorReads is what docs/PROTOCOL.md lets an auditor do ("What each credential may do"), as imports: for the minted and audit
 // streams, stream info, message gets (the streams allow no direct gets: fences are leader
 // reads), and pull consumers (create, info, pull, ack, delete a consumer: how `nats stream
 // view` pages). A consumer's creation goes to the plane, not to JetStream (AuditorConsumers):

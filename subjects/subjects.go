@@ -14,7 +14,7 @@ const (
 	Protocol = "cotal-auth/1"
 )
 
-// The five endpoints of the plane, in the order DESIGN §5 lists them.
+// The five endpoints of the plane, in the order docs/PROTOCOL.md lists them.
 const (
 	EndpointManagerAuthority    = "manager-authority"
 	EndpointRunRevoke           = "run-revoke"

@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,8 +16,7 @@ import (
 
 // owner prints the u_ owner an IdP subject derives in this space.
 func owner(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("owner", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("owner", "[flags]", stderr)
 	l := locateFlags(fs)
 	issuer := fs.String("issuer", "", "the IdP's issuer, exactly as its tokens' iss (the plane's --idp-issuer)")
 	sub := fs.String("sub", "", "the person's subject at the IdP (its tokens' sub)")
@@ -39,8 +38,7 @@ func owner(args []string, stdout, stderr io.Writer) error {
 // agent gives a managed agent a fresh secret (reusable until revoked or replaced), or revokes
 // it and closes its live connections.
 func agent(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("agent", "[flags]", stderr)
 	l := locateFlags(fs)
 	ownerFlag, actor := principalFlags(fs)
 	out := fs.String("out", "", "the file to write the agent's secret to (0600; reusable: the agent exchanges it for each bearer until --revoke or a new --out)")
@@ -74,6 +72,9 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
+	}
 	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
@@ -85,22 +86,17 @@ func agent(args []string, stdout, stderr io.Writer) error {
 // keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
 // retire KID [flags]`.
 func keys(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: authplane keys list|rotate [flags]\n       authplane keys retire KID [flags]\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("keys", "list|rotate [flags]\n       authplane keys retire KID [flags]", stderr)
 	l := locateFlags(fs)
 	action, kid := "", ""
-	if len(args) > 0 {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
 	}
 	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		kid, args = args[0], args[1:]
 	}
 	if err := parse(fs, args); err != nil {
-		return err
+		return err // -h (flag.ErrHelp) included: the usage is printed
 	}
 	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
 		fs.Usage()

@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -21,8 +21,7 @@ import (
 
 func serve(args []string, stdout, stderr io.Writer) error {
 	cfg := service.Defaults()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("serve", "[flags]", stderr)
 	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "process state directory (lock, identity, auth-service.json, embedded broker store)")
 	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space)")
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
@@ -65,6 +64,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.AuditRecords, "audit-records", cfg.AuditRecords, "full audit records of each decision one owner gets a minute per replica (the rest counted in one summary record)")
 	fs.IntVar(&cfg.AuditorConsumers, "auditor-consumers", cfg.AuditorConsumers, "consumers (auditors' readers) each of the minted and audit streams holds at once")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken")
+	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "how long the start retries its first connection to NATS (--nats-url), with backoff; /health answers 503 meanwhile")
 	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -87,7 +87,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	printSummary(stdout, cfg, plane.Info())
+	printSummary(stdout, invocation(), cfg, plane.Info())
 
 	select {
 	case <-ctx.Done():
@@ -112,7 +112,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -122,10 +122,43 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
+// durationsAsText writes a duration as its text form ("10s", "250ms") in either format: the
+// JSON handler would write nanoseconds.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
 // exampleOwner is a well-formed owner for trying the plane by hand.
 const exampleOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
-func printSummary(w io.Writer, cfg service.Config, info service.Info) {
+// invocation is how to run this binary again from where it was started: `go run
+// ./cmd/authplane` when `go run` built it, else the name or path it was started by.
+func invocation() string {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	}
+	return invocationOf(exe, os.Args[0])
+}
+
+// goRunBuild matches where `go run` puts the binaries it builds: a temporary go-build
+// directory, or the build cache's `<hash>-d/` entries.
+var goRunBuild = regexp.MustCompile(`/go-build[0-9]*/|/[0-9a-f]{64}-d/[^/]+$`)
+
+// invocationOf is invocation for the executable at exe started as arg0.
+func invocationOf(exe, arg0 string) string {
+	if goRunBuild.MatchString(exe) {
+		return "go run ./cmd/authplane"
+	}
+	return arg0
+}
+
+// printSummary prints where the plane serves, and commands to try it that work the way it was
+// started (self runs this binary: `go run ./cmd/authplane`, `authplane`, `./authplane`).
+func printSummary(w io.Writer, self string, cfg service.Config, info service.Info) {
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		dir = cfg.Dir
@@ -148,7 +181,8 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
-	fmt.Fprintf(w, "  authplane creds --dir %s --role ops --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
-	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
-		broker.RedactURL(info.NATSURL), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+	creds := filepath.Join(cfg.Dir, "cli.creds") // in the state directory: a secret stays out of the working tree
+	fmt.Fprintf(w, "  %s creds --dir %s --role ops --owner %s --actor cli --out %s\n", self, cfg.Dir, exampleOwner, creds)
+	fmt.Fprintf(w, "  nats --server %s --creds %s --inbox-prefix %s micro info %s\n",
+		broker.RedactURL(info.NATSURL), creds, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }

@@ -106,7 +106,9 @@ type Decision struct {
 	Unrevoked []string `json:"unrevoked,omitempty"`
 	// Bearer is the bearer an `exchanged` record is about.
 	Bearer *Bearer `json:"bearer,omitempty"`
-	At     int64   `json:"at"` // milliseconds
+	// Subject is the run-start an `admitted` record's run was admitted from.
+	Subject string `json:"subject,omitempty"`
+	At      int64  `json:"at"` // milliseconds
 }
 
 // Assignment names a platform supervisor assignment in a record: the owner it acts for, the
@@ -135,6 +137,9 @@ const (
 	Assigned  = "assigned"
 	Ended     = "ended"
 	Exchanged = "exchanged"
+	// Admitted and Revoked record a run's admission and its revocation.
+	Admitted = "admitted"
+	Revoked  = "revoked"
 	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
 	RefusedSummary = Refused + summarySuffix
 )
@@ -145,7 +150,7 @@ func SummaryOf(decision string) string { return decision + summarySuffix }
 
 const summarySuffix = "-summary"
 
-// Bounds of the audit stream (DESIGN §5, §8): one caller once evicted the whole audit history
+// Bounds of the audit stream (docs/PROTOCOL.md, "Conventions"; docs/SECURITY.md): one caller once evicted the whole audit history
 // with oversized bodies echoed into its refusals, and one agent could evict it with its
 // successful exchanges.
 const (
@@ -399,6 +404,9 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
 	}
 	if b := d.Bearer; b != nil {
 		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
+	}
+	if d.Subject != "" {
+		attrs = append(attrs, "subject", d.Subject)
 	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo

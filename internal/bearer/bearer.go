@@ -1,4 +1,4 @@
-// Package bearer is the plane's bearer issuer (DESIGN §7): Ed25519 keys (kid = the RFC 7638
+// Package bearer is the plane's bearer issuer (docs/PROTOCOL.md, "The HTTP face"): Ed25519 keys (kid = the RFC 7638
 // thumbprint) kept in one row of the keys bucket that every replica shares, the EdDSA bearers
 // /exchange hands out and the auth callout accepts, the public key set /jwks serves, and key
 // rotation with its retire floor.

@@ -17,7 +17,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Views a bearer may carry: what the connection the callout makes for it may do (DESIGN §6.8).
+// Views a bearer may carry: what the connection the callout makes for it may do (docs/PROTOCOL.md, "What each credential may do").
 const (
 	// ViewCaller is the default: a caller's permissions.
 	ViewCaller = "caller"

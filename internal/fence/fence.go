@@ -1,4 +1,4 @@
-// Package fence is the one fence primitive (DESIGN §2, §6.6): a typed row under one KV key,
+// Package fence is the one fence primitive (docs/SECURITY.md, "How"): a typed row under one KV key,
 // observed with a leader read and changed only by a compare-and-set at the revision observed.
 // Its one retry loop is bounded by the caller's deadline and paced with jitter; it speaks its
 // own errors, and the edge chooses the wire code.

@@ -1,4 +1,4 @@
-// Package idp verifies the tokens of the identity provider a space trusts (DESIGN §7): EdDSA
+// Package idp verifies the tokens of the identity provider a space trusts (docs/PROTOCOL.md, "The HTTP face"): EdDSA
 // JWTs whose keys come from the IdP's JWKS, fetched over https (or http on a loopback IP literal)
 // and cached; and derives a subject's owner byte for byte as the original does.
 package idp

@@ -1,4 +1,4 @@
-// Package issue is the one issuance pipeline (DESIGN §2, §6.2, §8). Every credential the plane
+// Package issue is the one issuance pipeline (docs/SECURITY.md, "How"). Every credential the plane
 // mints goes through Pipeline.Issue with a Plan: sign → validate → record `minted` → hook →
 // commit each fence in order → credentials; or, if anything after signing fails, `discarded`
 // and nothing. A credential is valid only if every commit of its plan landed, and every fence
@@ -290,7 +290,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		out.Revisions = append(out.Revisions, rev)
 	}
 	if p.fenced() {
-		// Committed, and so valid, but a fenced plane answers nothing more (DESIGN §6.7): it is
+		// Committed, and so valid, but a fenced plane answers nothing more (docs/OPERATIONS.md, "What it runs": the plane's own instance): it is
 		// withheld, and the manager gets fresh credentials from the plane that fenced this one.
 		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance as the mint committed; retry shortly"))
 	}

@@ -40,11 +40,14 @@ type Engine struct {
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
 	MaxInstancesPerOwner int
-	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
+	// Assignments vouches for a supervised instance's own renewals (docs/PROTOCOL.md, "manager-authority"); nil refuses
 	// them.
 	Assignments Assignments
 	// Reregistrations, when set, bound the prepares of instances already registered.
 	Reregistrations *Reregistrations
+	// Records records the run decisions that mint nothing, admissions and revocations (the
+	// pipeline records the mints); nil records none.
+	Records RunRecords
 }
 
 // Reregistrations bound, an hour, the re-registrations of one instance and of one owner's
@@ -72,6 +75,12 @@ func (r *Reregistrations) take(owner, iid string) error {
 	return nil
 }
 
+// RunRecords records a run's admission and its revocation (audit.Writer).
+type RunRecords interface {
+	RunAdmitted(ctx context.Context, req audit.Request, subject string)
+	RunRevoked(ctx context.Context, req audit.Request, reason string)
+}
+
 // Assignments is what a supervised instance's own renewal stands on instead of its preparer's
 // scope: owner's platform supervisor assignment, read now, still assigned to instance iid and
 // lifecycle uid, its end not passed.
@@ -80,7 +89,7 @@ type Assignments interface {
 }
 
 // Supervision is what an operation runs under when a platform admin asks on an owner's behalf
-// (supervisor-authority, DESIGN §6.5). The admin's checks (its scope, the assignment, the
+// (supervisor-authority, docs/PROTOCOL.md). The admin's checks (its scope, the assignment, the
 // ended-assignment fence) are the supervisor's; the operation then needs no `supervise` of its
 // caller.
 type Supervision struct {
@@ -431,7 +440,7 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) (strin
 }
 
 // ceiling is what a supervised instance's every credential is clamped to, whatever door or
-// duty: the end of the platform supervisor assignment it was prepared under (DESIGN §6.5), or
+// duty: the end of the platform supervisor assignment it was prepared under (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), or
 // of the one a platform supervisor asks under now (sup), whichever comes first.
 func ceiling(row gate.Row, iid string, sup *Supervision) issue.Ceiling {
 	until := row.SupervisedUntil

@@ -19,7 +19,7 @@ import (
 // maxSubject bounds a run-start subject in a body: longer than any the grammar allows.
 const maxSubject = 512
 
-// Admit serves `manager-run-admission` (DESIGN §6.3): a manager admits a run a caller really
+// Admit serves `manager-run-admission` (docs/PROTOCOL.md, the run kinds): a manager admits a run a caller really
 // started. In order: the manager authenticates as for a renewal; a revoked run is refused; an
 // identical earlier admission is returned as it is; the subject must parse, be this space's
 // and (inst) this instance's, be witnessed and not consumed, and name a caller of the manager's
@@ -33,6 +33,9 @@ func (e *Engine) Admit(ctx context.Context, caller Caller, about audit.Request, 
 		return nil, about, err
 	}
 	reply, err := e.admit(ctx, caller, &req.RunAdmission)
+	if err == nil && e.Records != nil {
+		e.Records.RunAdmitted(ctx, about, reply.Admission.Subject)
+	}
 	return reply, about, err
 }
 
@@ -102,7 +105,7 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	return reply(stored, rev), nil
 }
 
-// Attempt serves `manager-run-attempt` (DESIGN §6.3): one takeover of an admitted run. The run
+// Attempt serves `manager-run-attempt` (docs/PROTOCOL.md, the run kinds): one takeover of an admitted run. The run
 // must be admitted for this instance, not revoked and not terminal; the attempt's epoch and
 // fencing token must each be the run fence's plus one (1 and 1 for a new run), or `conflict`
 // carrying the current fence. It mints the run's driver and mediator and commits on the gate
@@ -166,7 +169,7 @@ func (e *Engine) renewRunDriver(ctx context.Context, caller Caller, req *Request
 	return e.runMint(ctx, caller.Owner, &req.Envelope, about, Kind, OpRenewRunDriver, g, rf, nil)
 }
 
-// holdsRunFence is the one predicate a run-driver renewal needs (DESIGN §6.3): the run is
+// holdsRunFence is the one predicate a run-driver renewal needs (docs/PROTOCOL.md, the run kinds): the run is
 // admitted here and not revoked, the run fence's instance, holder, takeover, epoch, fencing
 // token and keys are the hold's, and the status row says running with that holder, epoch and
 // fencing token. It returns the run fence as read, for the commit.

@@ -16,7 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// What the plane keeps of a run (DESIGN §6.3, §6.4): its admission and revocation marker
+// What the plane keeps of a run (docs/PROTOCOL.md, the run kinds and "run-revoke"): its admission and revocation marker
 // (create-only, in the admission bucket), its run fence (the plane's, in the fence bucket) and
 // its status (in the run-status bucket).
 

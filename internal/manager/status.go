@@ -14,7 +14,7 @@ import (
 
 var holderRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,256}$`)
 
-// ReportStatus serves `manager-run-status` (DESIGN §6.3): the run's current driver reports
+// ReportStatus serves `manager-run-status` (docs/PROTOCOL.md, the run kinds): the run's current driver reports
 // running, released, completed or failed, as the run's own principal, with the run fence's
 // holder, epoch and fencing token (a fenced-out driver no longer has them). The plane writes
 // the status row by CAS; a terminal state is final.

@@ -116,7 +116,7 @@ func (m *Metrics) Served(endpoint, kind, code string, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
 	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
 }
 
@@ -126,7 +126,7 @@ func (m *Metrics) Refused(endpoint, kind, code string) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
 }
 
 // Issued counts one committed credential of duty.

@@ -1,6 +1,6 @@
 package space
 
-// The account policy of a space (DESIGN §3): which accounts exist, what each may do, and what
+// The account policy of a space (docs/OPERATIONS.md, "What it runs"): which accounts exist, what each may do, and what
 // they export and import. Key generation, the file layout and loading are material.go's.
 
 import (
@@ -105,7 +105,7 @@ func (m *Keys) planeClaims() *jwt.AccountClaims {
 	return plane
 }
 
-// signJWTs issues the operator and account JWTs (DESIGN §3).
+// signJWTs issues the operator and account JWTs (docs/OPERATIONS.md, "What it runs").
 func (m *Keys) signJWTs() error {
 	opPub, opSigner := mustPublic(m.Operator), mustPublic(m.OperatorSigner)
 	sysPub := m.System.Public()

@@ -129,7 +129,7 @@ func TestDiffIgnoresSubjectOrder(t *testing.T) {
 	}
 }
 
-// Every stream keeps the rules of DESIGN §6.6 in its spec, so Ensure creates them right.
+// Every stream keeps the rules docs/OPERATIONS.md gives ("What it runs": the stores) in its spec, so Ensure creates them right.
 func TestSpecsSealEveryStream(t *testing.T) {
 	for _, s := range allSpecs(Options{Replicas: 3}) {
 		c := s.Config

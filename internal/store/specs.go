@@ -47,7 +47,7 @@ const (
 // Family names the rule a stream is made for.
 type Family int
 
-// The families of DESIGN §6.6.
+// The families docs/OPERATIONS.md lists ("What it runs": the stores).
 const (
 	// CAS: a bucket whose rows change only by compare-and-set; history 1.
 	CAS Family = iota
@@ -173,7 +173,7 @@ func logSpec(c jetstream.StreamConfig, rule string, o Options) Spec {
 	return Spec{Family: Log, Rule: rule, Config: seal(c), Tunable: true}
 }
 
-// WitnessSpec is owner's witness stream (DESIGN §6.3): it captures, without acks, the
+// WitnessSpec is owner's witness stream (docs/PROTOCOL.md, "manager-run-admission"): it captures, without acks, the
 // run-starts owner's callers publish and nobody else's, for five minutes, at most
 // o.WitnessRuns of them in o.WitnessBytes, its oldest dropped first. Each owner has its own, so
 // no owner's run-starts can evict another's: JetStream bounds a stream, not a publisher within

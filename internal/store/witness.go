@@ -14,7 +14,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// The witness (DESIGN §6.3) is one stream per owner (WitnessSpec): JetStream bounds a stream,
+// The witness (docs/PROTOCOL.md, "manager-run-admission") is one stream per owner (WitnessSpec): JetStream bounds a stream,
 // not one publisher within it, so a shared stream let one owner's flood evict every other
 // owner's run-starts. An owner's stream is made before one of its managers is first issued the
 // serve credential that receives run-starts (OpenWitness), and after a start for every owner

@@ -210,7 +210,7 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 	return record(o), about, nil
 }
 
-// Vouch is what a supervised instance's own renewal stands on (DESIGN §6.1): owner's assignment,
+// Vouch is what a supervised instance's own renewal stands on (docs/PROTOCOL.md, "manager-authority"): owner's assignment,
 // read now, is still assigned to instance iid and lifecycle uid, and has not passed its end;
 // and the lifecycle's recorded generations still resolve (an end retired them, whatever the
 // assignment row says now).
