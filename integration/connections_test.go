@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,13 @@ func (h *hog) held(d time.Duration) int {
 
 func startHog(t *testing.T, url, creds string, want int) *hog {
 	t.Helper()
+	return startHogWith(t, url, want, nats.UserCredentials(creds))
+}
+
+// startHogWith is startHog for any credential: auth says how the hog's connections
+// authenticate (a bearer through the auth callout, say).
+func startHogWith(t *testing.T, url string, want int, auth ...nats.Option) *hog {
+	t.Helper()
 	h := &hog{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)
@@ -77,7 +85,7 @@ func startHog(t *testing.T, url, creds string, want int) *hog {
 			}
 			// A kick may land before Connect returns: the life counts from the attempt.
 			opened := time.Now()
-			nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.Name("hog"),
+			nc, err := nats.Connect(url, append(slices.Clone(auth), nats.NoReconnect(), nats.Name("hog"),
 				nats.ClosedHandler(func(*nats.Conn) {
 					h.live.Add(-1)
 					if h.ending.Load() {
@@ -86,7 +94,7 @@ func startHog(t *testing.T, url, creds string, want int) *hog {
 					if life := time.Since(opened); int64(life) > h.longest.Load() {
 						h.longest.Store(int64(life))
 					}
-				}))
+				}))...)
 			if err != nil {
 				h.refused.Add(1)
 				time.Sleep(5 * time.Millisecond)
