@@ -207,18 +207,24 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 	if !l.add(c, now) {
 		return nil
 	}
-	if c.Callout {
-		// The slot Admit gave it, on whichever replica that was: the oldest is this one's.
-		if q := l.pendingOf[c.Principal]; len(q) > 0 {
-			l.settle(q[0])
-		}
-	}
+	l.connectedSlot(c)
 	kicks := l.enforce(c.Principal)
 	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
 		l.setKicked(nc, true)
 		kicks = append(kicks, Kick{c, BudgetTenants})
 	}
 	return kicks
+}
+
+// connectedSlot ends the slot Admit gave c, a tenant's connection now counted, if the auth
+// callout let it in: on whichever replica that was, the principal's oldest slot is this one's.
+func (l *Ledger) connectedSlot(c broker.Connection) {
+	if !c.Callout {
+		return
+	}
+	if q := l.pendingOf[c.Principal]; len(q) > 0 {
+		l.settle(q[0])
+	}
 }
 
 // add records c, seen at now, and reports whether it is a tenant's (not the plane's own).
@@ -308,8 +314,9 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 		_, known := l.conns[k]
 		_, heard := l.gone[k]
 		_, own := l.plane[k]
-		if !known && !heard && !own {
-			l.add(c, now)
+		if !known && !heard && !own && l.add(c, now) {
+			// Counted now, its slot ends here: its connect event, if it comes, finds it known.
+			l.connectedSlot(c)
 		}
 	}
 	for k, seen := range l.plane {

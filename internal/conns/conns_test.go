@@ -183,6 +183,27 @@ func TestReconcilePutsTheLedgerRight(t *testing.T) {
 	}
 }
 
+// A listing that finds a bearer connection before its connect event (which the plane's system
+// connection, renewed by reconnecting, can miss) counts it and ends its slot: the event then
+// finds it known. The slot once stayed too until it expired, and the principal's connection
+// was counted twice for 3 s, refusing a connection within its cap.
+func TestAListedCalloutConnectionEndsItsSlot(t *testing.T) {
+	l, c := newLedger(2, 10)
+	if _, err := l.Admit("a"); err != nil {
+		t.Fatal(err)
+	}
+	c.now = c.now.Add(time.Second)
+	asked := c.now
+	l.Reconcile(asked, []broker.Connection{calloutConn("a", 1)})
+	l.Connected(calloutConn("a", 1)) // its event, late
+	if _, err := l.Admit("a"); err != nil {
+		t.Fatalf("a's second connection, with one live and no slot held: %v", err)
+	}
+	if got := l.Counts().Tenants; got != 1 {
+		t.Fatalf("tenants: got %d, want a's one connection", got)
+	}
+}
+
 // BenchmarkAdmitConnectDisconnect is the ledger's cost of one bearer connection's life in a
 // space of 10,000 connections over 5,000 principals: the callout's Admit, then its connect and
 // disconnect events.
