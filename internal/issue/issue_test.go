@@ -397,3 +397,57 @@ func TestAFenceWithADeleteMarkerDiscardsTheMint(t *testing.T) {
 	got, err := e.p.Issue(ctx(t), e.plan(t))
 	e.wantDiscarded(t, got, err, fault.FailedPrecondition)
 }
+
+// TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned: a plan must name the instance
+// its keys are claimed by and its records filed under; one that does not is refused internal
+// with nothing signed, recorded or committed. (A plan's keys are its grants' and binds': a key
+// is never signed without being claimed.)
+func TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned(t *testing.T) {
+	e := newEnv(t)
+	plan := e.plan(t)
+	plan.Instance = claim.Instance{}
+	before := e.fences.Revision()
+	got, err := e.p.Issue(ctx(t), plan)
+	if got != nil || fault.CodeOf(err) != fault.Internal || !strings.Contains(err.Error(), "instance") {
+		t.Fatalf("got %v, %v; want nothing and internal naming the instance", got, err)
+	}
+	if decided, minted := e.decisions(t); len(decided) != 0 || minted != 0 || e.fences.Revision() != before {
+		t.Fatalf("got %d decisions, %d minted records, fences at %d (from %d); want nothing written", len(decided), minted, e.fences.Revision(), before)
+	}
+}
+
+// TestAKeyAnotherInstanceClaimedIsRefusedBeforeSigningAndANewOneIsClaimedInTheCommit: a plan
+// naming a key another instance claimed is refused already-exists, naming the field that named
+// it, with nothing signed or recorded; a plan of new keys claims each for its instance when it
+// commits, and files its minted records under it.
+func TestAKeyAnotherInstanceClaimedIsRefusedBeforeSigningAndANewOneIsClaimedInTheCommit(t *testing.T) {
+	e := newEnv(t)
+	other := e.plan(t)
+	other.Instance = claim.MustInstance(owner, ids.UID())
+	if err := e.p.Claims.Take(ctx(t), other.Instance, []string{other.Grants[0].Key}); err != nil {
+		t.Fatal(err)
+	}
+	plan := e.plan(t)
+	plan.Grants[1].Key, plan.Grants[1].Field = other.Grants[0].Key, "attempt.driverId"
+	got, err := e.p.Issue(ctx(t), plan)
+	if got != nil || fault.CodeOf(err) != fault.AlreadyExists || !strings.Contains(err.Error(), "attempt.driverId") {
+		t.Fatalf("got %v, %v; want nothing and already-exists naming attempt.driverId", got, err)
+	}
+	if _, minted := e.decisions(t); minted != 0 {
+		t.Fatalf("got %d minted records for a refused plan, want none", minted)
+	}
+	plan = e.plan(t)
+	if _, err := e.p.Issue(ctx(t), plan); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range plan.Grants {
+		if iid, err := e.p.Claims.Holder(ctx(t), g.Key); err != nil || iid != e.iid {
+			t.Errorf("the claim on %s: %q, %v; want instance %s", g.Key, iid, err, e.iid)
+		}
+	}
+	for _, m := range e.records.Msgs() {
+		if strings.Contains(m.Subject, ".minted.") && !strings.Contains(m.Subject, ".minted."+e.iid+".") {
+			t.Errorf("a minted record on %s, not under the plan's instance %s", m.Subject, e.iid)
+		}
+	}
+}
