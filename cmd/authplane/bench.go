@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -35,7 +36,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
 	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space; with --nats-url, the one its servers were set up with)")
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
-	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster; --cluster 3 sets it)")
+	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would; 0: an embedded server")
 	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first operation's measured phase to this file")
@@ -44,7 +46,22 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	b.Ops = strings.Split(*ops, ",")
 	b.Workers = cfg.Workers
+	var problems []error
 	if err := b.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	switch {
+	case *cluster < 0 || *cluster > 5:
+		problems = append(problems, fmt.Errorf("--cluster %d: want 0 (an embedded server) to 5", *cluster))
+	case *cluster > 0 && cfg.NATSURL != "":
+		problems = append(problems, errors.New("--cluster starts its own servers: drop --nats-url"))
+	case *cluster > 0 && !flagSet(fs, "replicas"):
+		cfg.Replicas = 1
+		if *cluster >= 3 {
+			cfg.Replicas = 3
+		}
+	}
+	if err := errors.Join(problems...); err != nil {
 		return err
 	}
 	if *dir == "" {
@@ -71,7 +88,22 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "bench: starting a plane (%d workers) in %s\n", cfg.Workers, cfg.Dir)
+	b.Broker = "embedded"
+	switch {
+	case *cluster > 0:
+		fmt.Fprintf(stderr, "bench: starting a cluster of %d nats-servers in %s\n", *cluster, cfg.Dir)
+		c, err := bench.StartCluster(filepath.Join(cfg.Dir, "cluster"), cfg.Space, *cluster)
+		if err != nil {
+			return err
+		}
+		defer c.Shutdown()
+		cfg.NATSURL, cfg.SpaceDir = c.URLs(), c.SpaceDir
+		b.Broker = fmt.Sprintf("cluster of %d", c.Size())
+	case cfg.NATSURL != "":
+		b.Broker = "--nats-url"
+	}
+	b.Replicas = cfg.Replicas
+	fmt.Fprintf(stderr, "bench: starting a plane (%d workers, replicas %d) in %s\n", cfg.Workers, cfg.Replicas, cfg.Dir)
 	plane, err := service.Start(ctx, cfg)
 	if err != nil {
 		return err
@@ -95,6 +127,13 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// flagSet reports whether the command line set flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // measure runs the bench against a started plane.
 func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.Report, error) {
 	info := plane.Info()
@@ -111,8 +150,8 @@ func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.
 
 // printReport prints r as a table with the ceilings and ratios.
 func printReport(w io.Writer, r *bench.Report) {
-	fmt.Fprintf(w, "authplane bench: %d requesters (one instance: %v), %d workers, %d CPUs, %s, %.0fs a phase\n",
-		r.Requesters, r.OneInstance, r.Workers, r.CPUs, r.GoVersion, r.DurationS)
+	fmt.Fprintf(w, "authplane bench: %d requesters (one instance: %v), %d workers, %s broker (replicas %d), %d CPUs, %s, %.0fs a phase\n",
+		r.Requesters, r.OneInstance, r.Workers, r.Broker, r.Replicas, r.CPUs, r.GoVersion, r.DurationS)
 	fmt.Fprintf(w, "%-20s %10s %10s %8s %8s %8s %10s %8s %8s  %s\n",
 		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "refused")
 	fmt.Fprintf(w, "%-20s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s\n",

@@ -38,6 +38,10 @@ type Config struct {
 	// Workers is how many micro service instances serve the echo ceiling: the plane's own
 	// --workers, so both serve the same way.
 	Workers int
+	// Broker names what the plane serves on, for the report: "embedded", "cluster of 3",
+	// "--nats-url"; Replicas is its buckets' and streams' replicas.
+	Broker   string
+	Replicas int
 	// Progress receives a line per phase; nil discards them.
 	Progress io.Writer
 	// CPUProfile, when set, receives a CPU profile of the first operation's measured phase.
@@ -106,6 +110,8 @@ type Report struct {
 	Requesters  int    `json:"requesters"`
 	OneInstance bool   `json:"one_instance"`
 	Workers     int    `json:"workers"`
+	Broker      string `json:"broker"`
+	Replicas    int    `json:"replicas"`
 	CPUs        int    `json:"cpus"`
 	GoVersion   string `json:"go"`
 	// DurationS is each measured phase's length, in seconds.
@@ -144,7 +150,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	r := &Report{Requesters: cfg.Requesters, OneInstance: cfg.OneInstance, Workers: cfg.Workers,
-		CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
+		Broker: cfg.Broker, Replicas: cfg.Replicas, CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
 
 	echo, err := echoCeiling(ctx, t, iss, cfg, reqs)
 	if err != nil {
