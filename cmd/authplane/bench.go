@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -30,6 +33,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection")
 	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase (after a warm-up of a fifth of it, at most 1s)")
+	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end against a filled revocation set), storm (bearer connections at once through the auth callout)")
+	endFill := fs.String("end-fill", "0,1000,5000,10000", "ends: the revocation set's sizes (keys) to fill it to, ascending; the last should be the largest below the ceiling")
+	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size")
+	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency")
 	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
 	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "the plane's micro service instances (and the echo ceiling's)")
@@ -45,8 +52,19 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	b.Ops = strings.Split(*ops, ",")
+	b.Phases = strings.Split(*phases, ",")
 	b.Workers = cfg.Workers
 	var problems []error
+	for _, l := range []struct {
+		flag string
+		in   string
+		out  *[]int
+	}{{"--end-fill", *endFill, &b.EndFill}, {"--end-concurrency", *endConcurrency, &b.EndConcurrency}} {
+		var err error
+		if *l.out, err = intList(l.in); err != nil {
+			problems = append(problems, fmt.Errorf("%s %q: %w", l.flag, l.in, err))
+		}
+	}
 	if err := b.Validate(); err != nil {
 		problems = append(problems, err)
 	}
@@ -108,7 +126,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report, err := measure(ctx, plane, b)
+	report, err := measure(ctx, plane, cfg.MaxConnections, b)
 	if cerr := plane.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -127,6 +145,19 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// intList parses a comma-separated list of integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, errors.New("want comma-separated integers")
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // flagSet reports whether the command line set flag name.
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
@@ -135,13 +166,13 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // measure runs the bench against a started plane.
-func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.Report, error) {
+func measure(ctx context.Context, plane *service.Plane, maxConnections int64, b bench.Config) (*bench.Report, error) {
 	info := plane.Info()
 	keys, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
 	if err != nil {
 		return nil, err
 	}
-	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys}, b)
+	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}
@@ -150,8 +181,19 @@ func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.
 
 // printReport prints r as a table with the ceilings and ratios.
 func printReport(w io.Writer, r *bench.Report) {
-	fmt.Fprintf(w, "authplane bench: %d requesters (one instance: %v), %d workers, %s broker (replicas %d), %d CPUs, %s, %.0fs a phase\n",
-		r.Requesters, r.OneInstance, r.Workers, r.Broker, r.Replicas, r.CPUs, r.GoVersion, r.DurationS)
+	fmt.Fprintf(w, "authplane bench: %s broker (replicas %d), %d workers, %d CPUs, %s\n",
+		r.Broker, r.Replicas, r.Workers, r.CPUs, r.GoVersion)
+	if len(r.Operations) > 0 {
+		printOps(w, r)
+	}
+	if len(r.Ends) > 0 {
+		printEnds(w, r.Ends)
+	}
+}
+
+// printOps prints the operations with their ceilings.
+func printOps(w io.Writer, r *bench.Report) {
+	fmt.Fprintf(w, "\n%d requesters (one instance: %v), %.0fs a phase\n", r.Requesters, r.OneInstance, r.DurationS)
 	fmt.Fprintf(w, "%-20s %10s %10s %8s %8s %8s %10s %8s %8s  %s\n",
 		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "refused")
 	fmt.Fprintf(w, "%-20s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s\n",
@@ -164,13 +206,27 @@ func printReport(w io.Writer, r *bench.Report) {
 	}
 }
 
+// printEnds prints the end phase's cells.
+func printEnds(w io.Writer, cells []bench.EndCell) {
+	fmt.Fprintf(w, "\n%-20s %8s %8s %8s %8s %8s %10s %10s  %s\n",
+		"supervisor-end", "at once", "ends/s", "p50 ms", "p99 ms", "max ms", "set keys", "JWT bytes", "failed")
+	for _, c := range cells {
+		failed := refusedText(c.Failed)
+		if c.NotEvicted > 0 {
+			failed += fmt.Sprintf(" (%d confirmed but not all evicted)", c.NotEvicted)
+		}
+		fmt.Fprintf(w, "%-20s %8d %8.1f %8.0f %8.0f %8.0f %10d %10d  %s\n",
+			fmt.Sprintf("filled to %d", c.Fill), c.Concurrency, c.EndsPerS, c.P50, c.P99, c.Max, c.SetKeys, c.JWTBytes, failed)
+	}
+}
+
 func refusedText(m map[string]int) string {
 	if len(m) == 0 {
 		return "none"
 	}
 	var parts []string
-	for code, n := range m {
-		parts = append(parts, fmt.Sprintf("%s %d", code, n))
+	for _, code := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", code, m[code]))
 	}
 	return strings.Join(parts, ", ")
 }
