@@ -37,6 +37,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	endFill := fs.String("end-fill", "0,1000,5000,10000", "ends: the revocation set's sizes (keys) to fill it to, ascending; the last should be the largest below the ceiling")
 	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size")
 	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency")
+	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal (and as many through the callout ceiling, and with direct JWTs)")
 	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
 	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "the plane's micro service instances (and the echo ceiling's)")
@@ -47,7 +48,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would; 0: an embedded server")
 	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first operation's measured phase to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file: of the first operation's measured phase, or without ops of the largest storm through the callout")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -59,7 +60,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		flag string
 		in   string
 		out  *[]int
-	}{{"--end-fill", *endFill, &b.EndFill}, {"--end-concurrency", *endConcurrency, &b.EndConcurrency}} {
+	}{{"--end-fill", *endFill, &b.EndFill}, {"--end-concurrency", *endConcurrency, &b.EndConcurrency}, {"--storm", *storm, &b.Storm}} {
 		var err error
 		if *l.out, err = intList(l.in); err != nil {
 			problems = append(problems, fmt.Errorf("%s %q: %w", l.flag, l.in, err))
@@ -101,7 +102,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer f.Close()
-		b.CPUProfile = f
+		if slices.Contains(b.Phases, bench.PhaseOps) {
+			b.CPUProfile = f
+		} else {
+			b.StormProfile = f
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -188,6 +193,30 @@ func printReport(w io.Writer, r *bench.Report) {
 	}
 	if len(r.Ends) > 0 {
 		printEnds(w, r.Ends)
+	}
+	if len(r.Storms) > 0 {
+		printStorms(w, r.Storms)
+	}
+}
+
+// printStorms prints the storm phase's runs.
+func printStorms(w io.Writer, storms []bench.Storm) {
+	fmt.Fprintf(w, "\n%-22s %7s %9s %10s %8s %8s %10s %12s %10s %8s  %s\n",
+		"storm", "N", "connected", "all in s", "conn/s", "p50 ms", "p99 ms", "failed/tries", "cpu µs/c", "÷ceiling", "callout answers")
+	for _, s := range storms {
+		all, ratio := "-", "-"
+		if s.AllS > 0 {
+			all = fmt.Sprintf("%.2f", s.AllS)
+		}
+		if s.RatioToCeiling > 0 {
+			ratio = fmt.Sprintf("%.3f", s.RatioToCeiling)
+		}
+		answers := "-"
+		if s.Via == bench.ViaCallout {
+			answers = refusedText(s.Answers)
+		}
+		fmt.Fprintf(w, "%-22s %7d %9d %10s %8.0f %8.0f %10.0f %12s %10.0f %8s  %s\n",
+			s.Via, s.N, s.Connected, all, s.ConnectsPerS, s.P50, s.P99, fmt.Sprintf("%d/%d", s.FailedAttempts, s.Attempts), s.CPUPerConnect, ratio, answers)
 	}
 }
 

@@ -57,6 +57,12 @@ type Config struct {
 	EndFill        []int
 	EndConcurrency []int
 	EndRounds      int
+	// Storm are the sizes of the reconnect storms: N connections at once, each its own
+	// principal.
+	Storm []int
+	// StormProfile, when set, receives a CPU profile of the largest storm through the plane's
+	// callout.
+	StormProfile io.Writer
 	// Broker names what the plane serves on, for the report: "embedded", "cluster of 3",
 	// "--nats-url"; Replicas is its buckets' and streams' replicas.
 	Broker   string
@@ -89,6 +95,9 @@ func (c Config) Validate() error {
 	}
 	if c.runs(PhaseEnds) {
 		p = append(p, c.validateEnds()...)
+	}
+	if c.runs(PhaseStorm) && (len(c.Storm) == 0 || slices.Min(c.Storm) < 1 || slices.Max(c.Storm) > 100_000) {
+		p = append(p, fmt.Errorf("--storm %v: want 1 to 100000 connections each", c.Storm))
 	}
 	if len(c.Ops) == 0 {
 		p = append(p, errors.New("--ops: want at least one of renew, renewStandingBundle, prepare"))
@@ -182,6 +191,8 @@ type Report struct {
 	Operations      []Phase `json:"operations"`
 	// Ends are the end phase's cells.
 	Ends []EndCell `json:"ends,omitempty"`
+	// Storms are the storm phase's runs: for each N, the ceiling, the callout, direct JWTs.
+	Storms []Storm `json:"storms,omitempty"`
 }
 
 // Run measures t, phase by phase: the operations against the echo and mint ceilings, then the
@@ -212,6 +223,11 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 	if cfg.runs(PhaseEnds) {
 		if r.Ends, err = runEnds(ctx, t, s, cfg, progress); err != nil {
 			return nil, fmt.Errorf("end phase: %w", err)
+		}
+	}
+	if cfg.runs(PhaseStorm) {
+		if r.Storms, err = runStorms(ctx, t, s, cfg, progress); err != nil {
+			return nil, fmt.Errorf("storm phase: %w", err)
 		}
 	}
 	return r, nil

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -51,9 +52,8 @@ func openSide(ctx context.Context, t Target) (_ *side, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The plane's own system grant, and the generic claims update a new account is pushed with.
-	perms := subjects.SystemPermissions(t.Keys.Data.Public(), t.Keys.Plane.Public())
-	perms.Pub = append(perms.Pub, claimsUpdate)
+	// Every system request: the bench pushes and reads the accounts, its ceiling callout's too.
+	perms := subjects.Permissions{Pub: []string{"$SYS.REQ.>"}, Sub: []string{"_INBOX.>"}}
 	if auth, err = sysIss.Connect("system.bench", perms, sideTTL); err != nil {
 		return nil, err
 	}
@@ -68,9 +68,6 @@ func openSide(ctx context.Context, t Target) (_ *side, err error) {
 	}
 	return s, nil
 }
-
-// claimsUpdate is where a full resolver takes an account JWT for any account, a new one too.
-const claimsUpdate = "$SYS.REQ.CLAIMS.UPDATE"
 
 func (s *side) close() {
 	for _, nc := range []*nats.Conn{s.store, s.system} {
@@ -107,4 +104,59 @@ func (s *side) dataAccount(ctx context.Context) (size, revoked int, err error) {
 		return 0, 0, errors.New("no server holds the data account")
 	}
 	return size, revoked, nil
+}
+
+// connections sums the client connections every server counts.
+func (s *side) connections(ctx context.Context) (int, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	inbox := s.system.NewRespInbox()
+	sub, err := s.system.SubscribeSync(inbox)
+	if err != nil {
+		return 0, err
+	}
+	defer sub.Unsubscribe()
+	if err := s.system.PublishRequest(subjects.ServerPing, inbox, nil); err != nil {
+		return 0, err
+	}
+	total := 0
+	for range s.servers {
+		msg, err := sub.NextMsgWithContext(cctx)
+		if err != nil {
+			return 0, fmt.Errorf("count the connections: %w", err)
+		}
+		var stats struct {
+			Statsz struct {
+				Connections int `json:"connections"`
+			} `json:"statsz"`
+		}
+		if err := json.Unmarshal(msg.Data, &stats); err != nil {
+			return 0, fmt.Errorf("count the connections: %w", err)
+		}
+		total += stats.Statsz.Connections
+	}
+	return total, nil
+}
+
+// settle waits until the servers count no more than baseline connections and a few (the
+// closed ones of a storm gone), or 30 s.
+func (s *side) settle(ctx context.Context, baseline int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := s.connections(ctx)
+		if err != nil {
+			return err
+		}
+		if n <= baseline+16 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d connections are still open 30 s after a storm closed its own (%d before it)", n, baseline)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
