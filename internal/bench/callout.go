@@ -92,6 +92,10 @@ func startCeiling(ctx context.Context, t Target, s *side, data *mint.Issuer) (_ 
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	// The answers are signed with the key derived once, as the plane's callout signs them.
+	if signer, err = mint.Derived(signer); err != nil {
+		return nil, err
+	}
 	iss, err := mint.NewIssuer(pub, signer, time.Now)
 	if err != nil {
 		return nil, err
