@@ -1,12 +1,16 @@
 # The authplane binary on a small base, run as a non-root user.
-#   docker build -t cotal/authplane .      (docker-compose.yml builds it for you)
+#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t cotal/authplane .
+# (docker-compose.yml builds it for you: REVISION=$(git rev-parse HEAD) docker compose up --build)
 
 FROM golang:1.26 AS build
+# The revision the image is built from, which `authplane version` reports: .dockerignore keeps
+# .git out of the build context, so the Go toolchain has no VCS to stamp it from.
+ARG REVISION=unknown
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/authplane ./cmd/authplane
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.revision=${REVISION}" -o /out/authplane ./cmd/authplane
 
 FROM alpine:3.22
 # /space, /conf and /state belong to the plane's user, so a fresh named volume mounted there starts

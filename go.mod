@@ -13,6 +13,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	golang.org/x/time v0.16.0
 	gopkg.in/yaml.v3 v3.0.1
+	pgregory.net/rapid v1.3.0
 )
 
 require (

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -79,7 +81,7 @@ func (l Locate) URL() (string, error) {
 	return info.NATSURL, nil
 }
 
-// Role is what a `.creds` file lets its holder do (DESIGN §6.8).
+// Role is what a `.creds` file lets its holder do (docs/PROTOCOL.md, "What each credential may do").
 type Role string
 
 // The roles `authplane creds --role` writes.
@@ -114,41 +116,108 @@ func DefaultCreds() CredsOptions {
 // valid for its TTL: for a caller or an operator, the principal of o; an auditor names none.
 // Every role is a data-account user, signed with that account's signing key.
 func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
+	c, err := IssueCreds(m, o, now)
+	return c.Data, err
+}
+
+// IssuedCreds is a credential IssueCreds signed: the `.creds` file, and what its `minted`
+// record names (never the seed or the JWT).
+type IssuedCreds struct {
+	Data []byte
+	// Name is the user's name: the principal, or "auditor".
+	Name string
+	Role Role
+	NKey string
+	Exp  time.Time
+}
+
+// IssueCreds is Creds, with what the credential's record names.
+func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, error) {
 	name, perms, err := credsGrant(m.Space, o)
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
 	if o.TTL < time.Minute || o.TTL > 30*24*time.Hour {
-		return nil, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL)
+		return IssuedCreds{}, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL)
 	}
 	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
 	if err := limits.Validate(); err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
 	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
 	kp, err := nkeys.CreateUser()
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
 	pub, err := kp.PublicKey()
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
-	token, err := iss.Sign(mint.User{Name: name, Key: pub, Permissions: perms, Expires: now.Add(o.TTL), Limits: limits})
+	exp := now.Add(o.TTL)
+	token, err := iss.Sign(mint.User{Name: name, Key: pub, Permissions: perms, Expires: exp, Limits: limits})
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
 	seed, err := kp.Seed()
 	if err != nil {
-		return nil, err
+		return IssuedCreds{}, err
 	}
-	return jwt.FormatUserConfig(token, seed)
+	data, err := jwt.FormatUserConfig(token, seed)
+	if err != nil {
+		return IssuedCreds{}, err
+	}
+	return IssuedCreds{Data: data, Name: name, Role: o.Role, NKey: pub, Exp: time.Unix(exp.Unix(), 0)}, nil
 }
 
-// credsGrant is the JWT name and the permissions of o's role (DESIGN §6.8).
+// EndpointCreds names `authplane creds` in the records of the credentials it writes.
+const EndpointCreds = "creds"
+
+// RecordCreds writes the `minted` record of a credential IssueCreds signed, in the minted
+// stream of the plane at natsURL (under no instance: `cotal.<space>.minted._.<nkey>`), and
+// waits for its ack: `authplane creds` writes no file whose record is not written. The plane
+// must have created its streams (it has run once).
+func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCreds) error {
+	nc, err := ConnectPlaneAccount(m, natsURL, "creds")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	w := audit.New(m.Space, jsAppender{js}, slog.New(slog.DiscardHandler), time.Now)
+	req := audit.Request{Endpoint: EndpointCreds, Caller: c.Name, Kind: string(c.Role)}
+	cred := audit.Credential{Duty: string(c.Role), NKey: c.NKey, Exp: c.Exp.Unix()}
+	// A caller's key belongs to no manager instance: its record is filed under none
+	// (subjects.NoInstance), and no end revokes it.
+	if err := w.Minted(ctx, "", req, []audit.Credential{cred}, ids.Secret(12)); err != nil {
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("%w: no minted stream on %s: start the plane against this broker once first", err, broker.RedactURL(natsURL))
+		}
+		return err
+	}
+	return nil
+}
+
+// jsAppender appends records to a stream over JetStream.
+type jsAppender struct{ js jetstream.JetStream }
+
+func (a jsAppender) Append(ctx context.Context, subject string, data []byte, msgID string) error {
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	if _, err := a.js.Publish(ctx, subject, data, opts...); err != nil {
+		return fmt.Errorf("append %s: %w", subject, store.Classify(err))
+	}
+	return nil
+}
+
+// credsGrant is the JWT name and the permissions of o's role (docs/PROTOCOL.md, "What each credential may do").
 func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, error) {
 	if o.Role == RoleAuditor {
 		if o.Owner != "" || o.Actor != "" {

@@ -8,16 +8,20 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 // What the HTTP face's principals need from an operator: the owner an IdP subject derives,
-// an agent's one-time secret, and the rotation of the bearer keys.
+// an agent's secret, and the rotation of the bearer keys.
 
 // Owner is the `u_` owner the space derives for the IdP subject sub of issuer (what a human's
 // ledger row is granted under, `authplane owner`).
@@ -31,8 +35,9 @@ func Owner(m *space.Keys, issuer, sub string) (string, error) {
 	return idp.DeriveOwner(m.OwnerSecret, issuer, sub), nil
 }
 
-// SetAgent makes owner.actor a managed agent with a fresh one-time secret, which it returns:
-// the agent presents it to `POST /exchange` (the ledger keeps only its SHA-256). A previous
+// SetAgent makes owner.actor a managed agent with a fresh secret, which it returns: the agent
+// presents it to `POST /exchange` for each bearer (at most 300 s), so the secret is reusable,
+// not one-time, until it is revoked or replaced; the ledger keeps only its SHA-256. A previous
 // secret stops working.
 func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (secret string, row ledger.Row, err error) {
 	kv, done, err := openBucket(ctx, m, natsURL, "agent", subjects.ActorsBucket(m.Space))
@@ -46,15 +51,84 @@ func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) 
 	return secret, row, err
 }
 
-// RevokeAgent clears owner.actor's agent secret: its next exchange and its next connection are
-// refused.
-func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (ledger.Row, error) {
+// AgentRevoked is what RevokeAgent did: the agent's ledger row as written, and how many live
+// connections of the agent it closed.
+type AgentRevoked struct {
+	Row    ledger.Row
+	Closed int
+}
+
+// RevokeWindow is how long after the revoke's ledger write a connection the auth callout let
+// in on the row as it was can still reach the broker: the broker waits 2 s for the callout's
+// answer (its `authorization { timeout }`), and the callout read the row after that wait began.
+// RevokeAgent lists and kicks the agent's connections until the window has passed.
+const RevokeWindow = 2500 * time.Millisecond
+
+// RevokeAgent clears owner.actor's agent secret, so its next exchange and its next connection
+// are refused, and then closes its live connections: it kicks every connection the auth
+// callout let in as owner.actor, on every server, until RevokeWindow has passed and the broker
+// lists none. A kick, not the data account's revocation set: the callout's users are each a
+// fresh nkey, and the set's ceiling is kept for ended assignments.
+func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (AgentRevoked, error) {
 	kv, done, err := openBucket(ctx, m, natsURL, "agent", subjects.ActorsBucket(m.Space))
 	if err != nil {
-		return ledger.Row{}, err
+		return AgentRevoked{}, err
 	}
 	defer done()
-	return ledger.SetAgentSecret(ctx, kv, owner, actor, "", time.Now())
+	row, err := ledger.SetAgentSecret(ctx, kv, owner, actor, "", time.Now())
+	if err != nil {
+		return AgentRevoked{}, err
+	}
+	closed, err := closeCalloutConnections(ctx, m, natsURL, subjects.Principal(owner, actor), time.Now().Add(RevokeWindow))
+	if err != nil {
+		return AgentRevoked{Row: row, Closed: closed}, fmt.Errorf("the agent is revoked, but its live connections: %w", err)
+	}
+	return AgentRevoked{Row: row, Closed: closed}, nil
+}
+
+// closeCalloutConnections kicks the connections the auth callout let in as principal, as a
+// short-lived system-account user, until the broker lists none and until has passed; it
+// returns how many it closed.
+func closeCalloutConnections(ctx context.Context, m *space.Keys, natsURL, principal string, until time.Time) (int, error) {
+	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
+	if err != nil {
+		return 0, err
+	}
+	auth, err := iss.Connect("authplane.kick", subjects.KickPermissions(m.Data.Public()), 5*time.Minute)
+	if err != nil {
+		return 0, err
+	}
+	nc, err := nats.Connect(natsURL, auth, nats.Name("authplane kick"))
+	if err != nil {
+		return 0, fmt.Errorf("connect to %s: %w", broker.RedactURL(natsURL), err)
+	}
+	defer nc.Close()
+	acct := broker.Account{NC: nc, Public: m.Data.Public()}
+	n, err := acct.Servers(ctx)
+	if err != nil {
+		return 0, err
+	}
+	closed := map[broker.Connection]bool{}
+	for {
+		live, err := acct.CalloutConnections(ctx, principal, n)
+		if err != nil {
+			return len(closed), err
+		}
+		if len(live) == 0 && !time.Now().Before(until) {
+			return len(closed), nil
+		}
+		for _, c := range live {
+			if err := acct.Kick(ctx, c.Server, c.CID); err != nil {
+				return len(closed), err
+			}
+			closed[broker.Connection{Server: c.Server, CID: c.CID}] = true
+		}
+		select {
+		case <-ctx.Done():
+			return len(closed), fmt.Errorf("%d still listed: %w", len(live), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // BearerKeys opens the space's bearer key set (`authplane keys`); done closes its connection.

@@ -2,7 +2,7 @@ package client
 
 import "encoding/json"
 
-// Kinds of the run requests on manager-authority (DESIGN §6.3, §6.4); a revoke also has its own
+// Kinds of the run requests on manager-authority (docs/PROTOCOL.md, the run kinds and "run-revoke"); a revoke also has its own
 // endpoint, run-revoke.
 const (
 	KindRunAdmission = "manager-run-admission"

@@ -6,7 +6,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Kinds of the platform supervisor's requests (DESIGN §6.5).
+// Kinds of the platform supervisor's requests (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end").
 const (
 	KindAssign              = "platform-supervisor-assign"
 	KindSupervisorAuthority = "platform-supervisor-authority"
@@ -15,9 +15,12 @@ const (
 	KindAssignment = "platform-supervisor"
 )
 
-// States of an assignment. Ended is terminal.
+// States of an assignment: assigned → ending (an end began; it authorizes nothing, and the
+// owner gets no new assignment until the end is complete) → ended (the end's outcome is
+// settled). Ended is terminal.
 const (
 	StateAssigned = "assigned"
+	StateEnding   = "ending"
 	StateEnded    = "ended"
 )
 
@@ -72,7 +75,9 @@ type End struct {
 	Reason       string `json:"reason"`
 }
 
-// EndReport is the reply to supervisor-end: the final state of the end, the same for a repeat.
+// EndReport is the reply to supervisor-end, and the details of its refusals
+// resource-exhausted and unavailable: what the end did, as the stores and the broker confirmed
+// it. A repeat completes whatever an earlier end left undone and reports the same.
 type EndReport struct {
 	Owner        string `json:"owner"`
 	InstanceID   string `json:"instanceId"`
@@ -88,18 +93,27 @@ type EndReport struct {
 		Gate string `json:"gate"`
 	} `json:"retired"`
 	Revoked struct {
-		// Done says the broker confirmed it holds every key revoked; Reason says why not.
+		// Done says every server of the broker holds an account JWT that revokes every key of
+		// NKeys, read back from each; Reason says why not.
 		Done bool `json:"done"`
-		// NKeys are the public keys of every credential minted for the instance, revoked.
-		NKeys  []string `json:"nkeys"`
-		Reason string   `json:"reason,omitempty"`
+		// NKeys are the keys the instance claimed that credentials were minted for: what the
+		// end revokes.
+		NKeys []string `json:"nkeys"`
+		// Unrevoked are those of NKeys the broker is not known to revoke: past the revocation
+		// set's ceiling, without the operator signing key, or not confirmed by the deadline.
+		// Their credentials expire at their clamp.
+		Unrevoked []string `json:"unrevoked,omitempty"`
+		Reason    string   `json:"reason,omitempty"`
 	} `json:"revoked"`
 	Evicted struct {
-		// Count is how many of the revoked keys the broker's connection listing shows with no
-		// connection left; Complete says that is all of them.
+		// Count is how many of NKeys the broker's connection listing shows with no connection
+		// left; Complete says that is all of them.
 		Count    int  `json:"count"`
 		Complete bool `json:"complete"`
 	} `json:"evicted"`
+	// Done says the end is complete: the assignment ended, the gate and generations retired,
+	// every key revoked at every server, and no connection of one left.
+	Done bool `json:"done"`
 }
 
 // Generation names one issued generation of a duty.

@@ -2,7 +2,7 @@ package client
 
 import "github.com/cotal-ai/authplane/subjects"
 
-// KindServiceAuthority is the `kind` of a manager-service-authority request (DESIGN §6.2).
+// KindServiceAuthority is the `kind` of a manager-service-authority request (docs/PROTOCOL.md, "manager-service-authority").
 const KindServiceAuthority = "manager-service-authority"
 
 // Operations of manager-service-authority.
@@ -45,8 +45,8 @@ func (ids Identities) Of(d subjects.Duty) string {
 	return ""
 }
 
-// Envelope is what every manager-authority request about one manager instance carries (DESIGN
-// §6.2): who sends it, for which instance and lifecycle, and with which duty keys; and, past
+// Envelope is what every manager-authority request about one manager instance carries
+// (docs/PROTOCOL.md, "manager-service-authority"): who sends it, for which instance and lifecycle, and with which duty keys; and, past
 // prepare, the proof, account and epoch the manager was given. Pointer fields are the ones a
 // request may leave out.
 type Envelope struct {
@@ -133,7 +133,7 @@ type ErrorBody struct {
 	Error WireError `json:"error"`
 }
 
-// WireError is a refusal on the wire: a code of DESIGN §5, a message, and details some
+// WireError is a refusal on the wire: a code of docs/PROTOCOL.md ("Replies and refusals"), a message, and details some
 // refusals carry (a run conflict carries the current run fence).
 type WireError struct {
 	Code    string `json:"code"`

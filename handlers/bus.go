@@ -127,7 +127,10 @@ func (h *endpoint) drop(why string, attrs ...any) {
 }
 
 // respondError answers req with refusal e: both micro headers and the JSON body, so micro
-// counts it in the endpoint's error stats.
+// counts it in the endpoint's error stats. micro keeps the description it is given as the
+// endpoint's last_error, which `$SRV.STATS` shows every ops credential; a refusal's message
+// quotes its caller, so micro is given the code alone, and the caller's own
+// `Nats-Service-Error` header the whole `<code>: <message>`.
 func respondError(req micro.Request, e *fault.Error) error {
 	w := client.WireError{Code: string(e.Code), Message: e.Message, Details: e.Details}
 	if !e.Code.Known() {
@@ -137,5 +140,6 @@ func respondError(req micro.Request, e *fault.Error) error {
 	if err != nil {
 		return err
 	}
-	return req.Error(strconv.Itoa(fault.Code(w.Code).Numeric()), w.Code+": "+w.Message, data)
+	full := micro.WithHeaders(micro.Headers{micro.ErrorHeader: {w.Code + ": " + w.Message}})
+	return req.Error(strconv.Itoa(fault.Code(w.Code).Numeric()), w.Code, data, full)
 }

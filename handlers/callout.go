@@ -14,6 +14,8 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/claim"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/idp"
@@ -47,7 +49,7 @@ const (
 	xkeyHeader = "Nats-Server-Xkey"
 )
 
-// Callout serves the broker's auth callout for the callout account (DESIGN §7): a client that
+// Callout serves the broker's auth callout for the callout account (docs/PROTOCOL.md, "The HTTP face"): a client that
 // connects with the deny-all sentinel creds and a plane bearer as its token gets a user of the
 // data account, scoped by its ledger row and the bearer's view, that expires with the bearer.
 // Requests and answers are sealed with the callout's curve key; an answer is signed with the
@@ -65,6 +67,11 @@ type Callout struct {
 	// XKey opens requests and seals answers.
 	XKey nkeys.KeyPair
 	Log  *slog.Logger
+	// Conns holds each principal to its connection cap and the tenants to their share of the
+	// data account; nil admits every connection.
+	Conns Admitter
+	// Refused counts a connection Conns refused, by budget; nil counts nothing.
+	Refused func(budget string)
 
 	once  sync.Once
 	queue *calloutQueue
@@ -246,17 +253,60 @@ func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestCla
 	case err != nil:
 		return "", c.refuse(ctx, fault.Store(err, "reading the bearer keys"))
 	}
+	// The deadline is a timeout (the broker waits CalloutDeadline of real time from the
+	// request's arrival), not a time of the plane's clock: every decision on time (the bearer's
+	// expiry, the user's) is the pipeline's, on the injected clock.
 	call := Call{Endpoint: EndpointCallout, Owner: claims.Owner, Actor: claims.Actor, Deadline: deadline}
 	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
 		about := call.About()
 		about.Kind = claims.View
+		release, err := c.admit(call.Principal())
+		if err != nil {
+			return nil, about, err
+		}
 		user, err := c.mint(ctx, claims, req.UserNkey, about)
+		if err != nil {
+			release()
+		}
 		return user, about, err
 	})
 	if refusal != nil {
 		return "", refusal
 	}
 	return reply.(string), nil
+}
+
+// Admitter holds connections to their budgets (conns.Ledger): Admit takes a slot for a
+// connection of principal about to be let in, or refuses it (an error that errors.Is one of
+// the budget's sentinels, conns.ErrPrincipalFull or conns.ErrTenantsFull).
+type Admitter interface {
+	Admit(principal string) (release func(), err error)
+}
+
+// admit takes the connection's slot: a principal past its cap, or a space whose tenants hold
+// their whole share of the data account, is refused before anything is signed.
+func (c *Callout) admit(principal string) (release func(), err error) {
+	if c.Conns == nil {
+		return func() {}, nil
+	}
+	release, err = c.Conns.Admit(principal)
+	switch {
+	case errors.Is(err, conns.ErrPrincipalFull):
+		c.refused(conns.BudgetPrincipal)
+		return nil, fault.New(fault.ResourceExhausted, "%s: %s; close one first", principal, err)
+	case errors.Is(err, conns.ErrTenantsFull):
+		c.refused(conns.BudgetTenants)
+		return nil, fault.New(fault.ResourceExhausted, "%s; retry later", err)
+	case err != nil:
+		return nil, fault.Wrap(fault.Internal, err, "counting the connections")
+	}
+	return release, nil
+}
+
+func (c *Callout) refused(budget string) {
+	if c.Refused != nil {
+		c.Refused(budget)
+	}
 }
 
 // mint signs the connection's user: the principal's ledger row must exist now, still hold
@@ -286,10 +336,11 @@ func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string
 		return "", fault.Wrap(fault.Internal, err, "the %s permissions", duty)
 	}
 	issued, err := c.Pipeline.Issue(ctx, issue.Plan{
-		Request: about,
-		Grants:  []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
-		Ceiling: issue.Ceiling{At: claims.Expires, What: "the bearer"},
-		Steps:   []issue.Step{issue.Unchanged(o)},
+		Instance: claim.ServerChosen, // the broker chose the key for this one connection
+		Request:  about,
+		Grants:   []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
+		Ceiling:  issue.Ceiling{At: claims.Expires, What: "the bearer"},
+		Steps:    []issue.Step{issue.Unchanged(o)},
 	})
 	if err != nil {
 		return "", err

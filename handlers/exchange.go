@@ -53,7 +53,7 @@ var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown
 // (401), not the body's.
 var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
 
-// exchange serves `POST /exchange` (DESIGN §7), one of two arms per request:
+// exchange serves `POST /exchange` (docs/PROTOCOL.md, "The HTTP face"), one of two arms per request:
 //   - human `{idpToken, actor, ttlSec?, view?}`: the IdP token verified, its subject's owner
 //     derived, the principal's ledger row read now; a bearer of at most 900 s and no longer
 //     than the IdP token lives;
@@ -98,7 +98,7 @@ func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fa
 		if left := sub.Exp.Sub(f.h.Now()); left < ttl {
 			ttl = left
 		}
-		reply, err := f.issueBearer(ctx, c, view, ttl, false)
+		reply, err := f.issueBearer(ctx, c, view, ttl, sub.Exp, false)
 		return reply, c.About(), err
 	})
 }
@@ -138,14 +138,18 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 			}
 			ttl = min(ttl, time.Duration(*b.TTLSec)*time.Second)
 		}
-		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, true)
+		// A bearer's exp is rounded up to the second (it lives at least ttl); an agent's is
+		// still never more than AgentBearerTTL past its iat.
+		ceiling := time.Unix(f.h.Now().Unix(), 0).Add(AgentBearerTTL)
+		reply, err := f.issueBearer(ctx, c, bearer.ViewCaller, ttl, ceiling, true)
 		return reply, c.About(), err
 	})
 }
 
-// issueBearer signs a bearer for the call's principal, whose ledger row is read now: it must
-// exist (and, for an agent, still hold its secret), and hold `admin` for the ops view.
-func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, agent bool) (any, error) {
+// issueBearer signs a bearer of ttl, not past ceiling when that is set (the IdP token's exp),
+// for the call's principal, whose ledger row is read now: it must exist (and, for an agent,
+// still hold its secret), and hold `admin` for the ops view.
+func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, ceiling time.Time, agent bool) (any, error) {
 	row, found, err := ledger.Read(ctx, f.h.Ledger, c.Owner, c.Actor)
 	switch {
 	case err != nil && !errors.Is(err, ledger.ErrMalformed):
@@ -157,7 +161,7 @@ func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Du
 	case ttl < time.Second:
 		return nil, fault.New(fault.Unauthenticated, "the IdP token has no life left to lend a bearer")
 	}
-	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent}, ttl)
+	token, exp, err := f.h.Keys.Issue(ctx, f.h.Space, bearer.Claims{Owner: c.Owner, Actor: c.Actor, Scope: row.Scope, View: view, Agent: agent, Expires: ceiling}, ttl)
 	if err != nil {
 		return nil, fault.Store(err, "issuing the bearer")
 	}
@@ -171,7 +175,7 @@ type msaBody struct {
 	Request  json.RawMessage `json:"request"`
 }
 
-// managerAuthority serves `POST /manager-service-authority` (DESIGN §7): the same dispatcher
+// managerAuthority serves `POST /manager-service-authority` (docs/PROTOCOL.md, "The HTTP face"): the same dispatcher
 // as the bus endpoint, with the owner the IdP token's subject derives as the caller, and the
 // request's actor.
 func (f *face) managerAuthority(ctx context.Context, peer string, data []byte) (any, *fault.Error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fault/faulttest"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
@@ -23,7 +24,7 @@ func (noRecords) Refused(context.Context, audit.Request, *fault.Error) {}
 // fuzzFace is a face whose space trusts no IdP and whose ledger is empty: every door refuses,
 // a body that decodes at the first step past its parse.
 func fuzzFace(public bool) *face {
-	h := &HTTP{Space: "default", Guard: &Guard{Limiter: NewLimiter(0, 0), Audit: noRecords{}}, Timeout: 2 * time.Second,
+	h := &HTTP{Space: "default", Guard: &Guard{Limiter: budget.New(0, 0, nil), Audit: noRecords{}}, Timeout: 2 * time.Second,
 		Ledger: storetest.New(), Log: slog.New(slog.DiscardHandler), Now: time.Now}
 	return &face{h: h, public: public, refusals: newWindows()}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/metrics"
@@ -55,7 +56,7 @@ type Refusals interface {
 // fence, and the refusal record. Decisions are recorded in two places only: the guard records
 // `refused`; the issuance pipeline records `minted` and `discarded`.
 type Guard struct {
-	Limiter *Limiter
+	Limiter *budget.Buckets
 	Audit   Refusals
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too. Nil: never.
@@ -93,7 +94,7 @@ var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping
 // (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced or stopping
 // (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
 // refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
-// answered while the plane was being fenced is answered `unavailable` (DESIGN §6.7): a refusal
+// answered while the plane was being fenced is answered `unavailable` (docs/OPERATIONS.md, "What it runs": the plane's own instance): a refusal
 // keeps its own code in its record, and a mint that committed just then was withheld and
 // recorded `discarded` by the pipeline.
 func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
@@ -134,6 +135,9 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
 	refusal = fault.As(err)
+	if past := (*budget.Exceeded)(nil); errors.As(refusal.Cause, &past) {
+		g.Metrics.TenantBudgetRefused(past.Budget)
+	}
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record
 		g.Audit.Refused(ctx, about, refusal)
 	}

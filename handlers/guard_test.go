@@ -14,6 +14,8 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
@@ -36,7 +38,7 @@ type guardEnv struct {
 func newGuardEnv(rate float64, burst int) *guardEnv {
 	e := &guardEnv{records: storetest.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: NewLimiter(rate, burst), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
+	e.g = &Guard{Limiter: budget.New(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
 	return e
 }
 
@@ -233,8 +235,9 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 	if _, err := ledger.SetScope(context.Background(), actors, owner, "cli", []string{ledger.Supervise}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: storetest.New(), Ledger: actors,
-		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now},
+	gates := storetest.New()
+	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: gates, Ledger: actors,
+		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: gates}, Now: time.Now},
 		ProofKey:    []byte(strings.Repeat("k", 32)),
 		StandingTTL: time.Hour, MaxInstancesPerOwner: 64}
 	fn := ManagerAuthority(engine)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -21,15 +22,26 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/metrics"
 )
 
-// Bounds of the HTTP face (DESIGN §7).
+// Bounds of the HTTP face (docs/PROTOCOL.md, "The HTTP face").
 const (
 	// MaxBody is the largest body a door reads: exactly this many bytes are judged on their
 	// content, one more is 413.
 	MaxBody = 65536
-	// PublicMaxInFlight bounds the public face's requests in flight; past it, 503.
+	// PublicMaxInFlight bounds the public face's requests in flight, every peer's together;
+	// past it, 503.
 	PublicMaxInFlight = 64
+	// DefaultPeerInFlight bounds one peer's requests in flight on the public face (HTTP.PeerInFlight
+	// unless set); past it, 429.
+	DefaultPeerInFlight = 8
+	// DefaultLoopbackInFlight bounds the loopback face's door requests in flight (HTTP.LoopbackInFlight
+	// unless set); past it, 503.
+	DefaultLoopbackInFlight = 64
+	// DefaultBodyTimeout is how long a door waits for a body once it has the request's headers
+	// (HTTP.BodyTimeout unless set); past it, 503.
+	DefaultBodyTimeout = 2 * time.Second
 	// PublicDeadline bounds a public request, its body included; past it, 503.
 	PublicDeadline = 10 * time.Second
 	// RefusalsPerMinute is a peer's refusal budget: past it, a refusal is 429 without its reason.
@@ -66,6 +78,15 @@ type HTTP struct {
 	// TrustedProxy says the public face sits behind a proxy whose X-Forwarded-For's last hop
 	// names the peer.
 	TrustedProxy bool
+	// PeerInFlight bounds one public peer's requests in flight (DefaultPeerInFlight when 0), so
+	// one peer cannot hold every one of the face's PublicMaxInFlight slots.
+	PeerInFlight int
+	// LoopbackInFlight bounds the loopback face's door requests in flight, every holder of the
+	// capability's together (DefaultLoopbackInFlight when 0).
+	LoopbackInFlight int
+	// BodyTimeout is how long a door waits for a body after the request's headers, on either
+	// face (DefaultBodyTimeout when 0).
+	BodyTimeout time.Duration
 	// PProf adds net/http/pprof's routes to the loopback face (never the public one).
 	PProf bool
 	Log   *slog.Logger
@@ -80,6 +101,7 @@ type Exchanges interface {
 // face is one listener's state: its routes and budgets.
 type face struct {
 	h      *HTTP
+	name   string // "loopback" or "public", its metrics' label
 	public bool
 	routes map[string]http.HandlerFunc
 	// queried are the routes that take a query (pprof's); every other refuses one.
@@ -88,12 +110,14 @@ type face struct {
 	refusals *windows
 	badCaps  *windows
 	inFlight atomic.Int64
+	// peers holds each public peer's requests in flight, and the loopback doors' under one key.
+	peers *slots
 }
 
 // Loopback returns the loopback face's handler: health, jwks, and the exchange and
 // manager-service-authority doors behind the capability.
 func (h *HTTP) Loopback() http.Handler {
-	f := &face{h: h, refusals: newWindows(), badCaps: newWindows()}
+	f := &face{h: h, name: "loopback", refusals: newWindows(), badCaps: newWindows(), peers: newSlots(orDefault(h.LoopbackInFlight, DefaultLoopbackInFlight))}
 	f.routes = map[string]http.HandlerFunc{
 		"/health":                    f.health,
 		"/jwks":                      f.jwks,
@@ -133,9 +157,10 @@ func (f *face) addPProf() {
 
 // Public returns the public face's handler: the loopback routes with no capability (the IdP
 // token or the agent's secret is the proof), and the discovery bundle; at most
-// PublicMaxInFlight requests at once, each within PublicDeadline.
+// PublicMaxInFlight requests at once, at most PeerInFlight of them from one peer, each within
+// PublicDeadline.
 func (h *HTTP) Public() http.Handler {
-	f := &face{h: h, public: true, refusals: newWindows()}
+	f := &face{h: h, name: "public", public: true, refusals: newWindows(), peers: newSlots(orDefault(h.PeerInFlight, DefaultPeerInFlight))}
 	f.routes = map[string]http.HandlerFunc{
 		"/health":                    f.health,
 		"/jwks":                      f.jwks,
@@ -152,11 +177,22 @@ func (f *face) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.public {
 		if f.inFlight.Add(1) > PublicMaxInFlight {
 			f.inFlight.Add(-1)
+			f.h.Guard.Metrics.HTTPRefused(f.name, metrics.BudgetInFlight)
 			closeUnread(w)
-			writeError(w, fault.New(fault.Unavailable, "busy - retry shortly"))
+			writeError(w, errBusy)
 			return
 		}
 		defer f.inFlight.Add(-1)
+		// The face's slots are shared by every peer; one peer holds at most its own share. The
+		// global cap above bounds how many peers are held here at once.
+		peer := f.peer(r)
+		if !f.peers.take(peer) {
+			f.h.Guard.Metrics.HTTPRefused(f.name, metrics.BudgetPeerInFlight)
+			closeUnread(w)
+			writeError(w, fault.New(fault.ResourceExhausted, "too many requests in flight from one peer (at most %d) - finish one and retry", f.peers.max))
+			return
+		}
+		defer f.peers.give(peer)
 		ctx, cancel := context.WithTimeout(r.Context(), PublicDeadline)
 		defer cancel()
 		r = r.WithContext(ctx)
@@ -247,11 +283,11 @@ var contentJSON = regexp.MustCompile(`^application/json\b`)
 // doorFunc serves a door's body: a reply, or a refusal.
 type doorFunc func(ctx context.Context, peer string, data []byte) (any, *fault.Error)
 
-// door wraps a POST door in the face's guards, in DESIGN §7's order: 405 not POST, 403 any
-// Origin, 415 not JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a
-// minute, 413 over MaxBody, 400 not JSON. A refusal past them counts against the peer's
-// budget; once the budget is spent a refusal is 429 and withholds its reason, while a valid
-// credential still succeeds.
+// door wraps a POST door in the face's guards, in order: 405 not POST, 403 any Origin, 415 not
+// JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a minute, 503
+// past the loopback doors' slots, then the body: 503 not in within BodyTimeout, 413 over
+// MaxBody, 400 not JSON. A refusal past them counts against the peer's budget; once the budget
+// is spent a refusal is 429 and withholds its reason, while a valid credential still succeeds.
 func (f *face) door(serve doorFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -279,9 +315,20 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 			writeError(w, fault.New(fault.Unauthenticated, "missing/invalid exchange capability - read it from the space's auth-service.json"))
 			return
 		}
+		if !f.public {
+			// Every loopback peer is 127.0.0.1, and every door there needs the one capability:
+			// its holders share one budget of the face's door slots.
+			if !f.peers.take(loopbackHolder) {
+				f.h.Guard.Metrics.HTTPRefused(f.name, metrics.BudgetInFlight)
+				closeUnread(w)
+				writeError(w, errBusy)
+				return
+			}
+			defer f.peers.give(loopbackHolder)
+		}
 		peer := f.peer(r)
 		throttled := f.refusals.count(peer, now) >= RefusalsPerMinute
-		data, ferr := readBody(r)
+		data, ferr := f.readBody(w, r)
 		if ferr != nil {
 			closeUnread(w)
 			writeError(w, ferr)
@@ -311,8 +358,8 @@ func (f *face) capOK(r *http.Request) bool {
 	return f.h.Cap != "" && subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+f.h.Cap)) == 1
 }
 
-// peer names whom a request's budget is charged to: the socket's address, or on the public
-// face behind a trusted proxy the last X-Forwarded-For hop.
+// peer names whom a request's budgets are charged to: the socket's address, or on the public
+// face behind a trusted proxy the last X-Forwarded-For hop (peerOf).
 func (f *face) peer(r *http.Request) string {
 	if !f.public {
 		return "loopback"
@@ -321,24 +368,73 @@ func (f *face) peer(r *http.Request) string {
 		if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
 			hops := strings.Split(xff[len(xff)-1], ",")
 			if hop := strings.TrimSpace(hops[len(hops)-1]); hop != "" {
-				return hop
+				return peerOf(hop)
 			}
 		}
 	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		return peerOf(r.RemoteAddr)
 	}
-	return host
+	return peerOf(host)
 }
 
-// readBody reads a door's body: at most MaxBody bytes (413 past it), before the request's
-// deadline (503 past it), and JSON (400 otherwise).
-func readBody(r *http.Request) ([]byte, *fault.Error) {
+// peerOf is the peer an address is charged to: an IPv4 address, or an IPv6 address's /64 (one
+// host is routinely given a whole /64, and would otherwise be as many peers as it likes),
+// without a port (a proxy that adds the client's would make each connection a peer). What is
+// not an IP address is its own peer.
+func peerOf(addr string) string {
+	ip, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]"))
+	if ap, perr := netip.ParseAddrPort(addr); err != nil && perr == nil {
+		ip, err = ap.Addr(), nil
+	}
+	if err != nil {
+		return addr
+	}
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	prefix, err := ip.WithZone("").Prefix(64)
+	if err != nil {
+		return addr
+	}
+	return prefix.String()
+}
+
+// errBusy answers a request past a face's cap on requests in flight.
+var errBusy = fault.New(fault.Unavailable, "busy - retry shortly")
+
+// loopbackHolder is the key of the loopback doors' slots: the capability's holders, together.
+const loopbackHolder = "capability"
+
+// readBody reads a door's body: at most MaxBody bytes (413 past it), within BodyTimeout of the
+// headers and before the request's deadline (503 past either), and JSON (400 otherwise). A
+// body read, the connection's read deadline is the request's again (none on loopback): the
+// server's read after the body would otherwise hit the body's deadline and cancel the request
+// while its door still works.
+func (f *face) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *fault.Error) {
+	rc := http.NewResponseController(w)
+	wait := orDefault(f.h.BodyTimeout, DefaultBodyTimeout)
+	by := time.Now().Add(wait)
+	deadline, bounded := r.Context().Deadline()
+	requestFirst := bounded && !by.Before(deadline)
+	if requestFirst {
+		by = deadline
+	}
+	if err := rc.SetReadDeadline(by); err != nil {
+		f.h.Log.Debug("no body deadline on a request", "err", err)
+	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if rerr := rc.SetReadDeadline(deadline); rerr != nil {
+		f.h.Log.Debug("read deadline not restored after a body", "err", rerr)
+	}
 	switch {
-	case err != nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
+	case err != nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) && requestFirst:
 		return nil, fault.New(fault.Unavailable, "request deadline exceeded")
+	case err != nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)):
+		f.h.Guard.Metrics.HTTPRefused(f.name, metrics.BudgetBodyTimeout)
+		return nil, fault.New(fault.Unavailable, "request body not received within %s of its headers", wait)
 	case err != nil:
 		return nil, fault.New(fault.BadRequest, "request body could not be read")
 	case len(data) > MaxBody:
@@ -347,6 +443,14 @@ func readBody(r *http.Request) ([]byte, *fault.Error) {
 		return nil, fault.New(fault.BadRequest, "request body is not valid JSON")
 	}
 	return data, nil
+}
+
+// orDefault is n, or def when n is not set.
+func orDefault[T int | time.Duration](n, def T) T {
+	if n <= 0 {
+		return def
+	}
+	return n
 }
 
 func isTimeout(err error) bool {

@@ -13,13 +13,13 @@ import (
 // ManagerAuthority serves `cotal.<space>.auth.manager-authority.<owner>.<actor>`.
 //
 // Request: a JSON body whose `kind` selects the handler:
-//   - `manager-service-authority` (DESIGN §6.2): prepare, activate, renew, renewStandingBundle
+//   - `manager-service-authority` (docs/PROTOCOL.md, "manager-service-authority"): prepare, activate, renew, renewStandingBundle
 //     → the material (credentials for the caller's nkeys, proofs, the epoch and account to renew
 //     with); renewRunDriver → the run's driver and mediator credentials;
-//   - `manager-run-admission` (§6.3) → the admission;
-//   - `manager-run-attempt` (§6.3) → the run's driver and mediator credentials and the hold;
-//   - `manager-run-status` (§6.3), from the run's driver → the status as written;
-//   - `manager-run-revoke` (§6.4) → the revocation marker that won.
+//   - `manager-run-admission` → the admission;
+//   - `manager-run-attempt` → the run's driver and mediator credentials and the hold;
+//   - `manager-run-status`, from the run's driver → the status as written;
+//   - `manager-run-revoke` → the revocation marker that won.
 //
 // Refusals: bad-request, unimplemented, permission-denied, failed-precondition, conflict,
 // resource-exhausted, unavailable, internal (see the manager.Engine methods).
@@ -51,7 +51,7 @@ func ManagerAuthority(e *manager.Engine) Func {
 
 // RunRevoke serves `cotal.<space>.auth.run-revoke.<owner>.<actor>`.
 //
-// Request: a `manager-run-revoke` body (DESIGN §6.4): the envelope with the manager's current
+// Request: a `manager-run-revoke` body (docs/PROTOCOL.md, "run-revoke"): the envelope with the manager's current
 // proof, and `revoke{runId, reason}`. Reply: `{v, kind, requestId, runId, revocation,
 // runFenceRevision}`, the marker that won, byte for byte: a repeat gets the first one.
 //

@@ -11,7 +11,7 @@ import (
 // SupervisorAssign serves `cotal.<space>.auth.supervisor-assign.<owner>.<actor>`.
 //
 // Request: `{v:1, kind:"platform-supervisor-assign", owner, instanceId, lifecycleUid,
-// expiresAt}` (DESIGN §6.5), from a principal whose ledger row holds `platform-admin`. Reply:
+// expiresAt}` (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), from a principal whose ledger row holds `platform-admin`. Reply:
 // the assignment record, `assignment.<owner>` as written, with its revision (what
 // supervisor-authority names). A repeat of the assignment in force returns it; it is recorded
 // `assigned`.

@@ -11,7 +11,7 @@ import (
 // SupervisorAuthority serves `cotal.<space>.auth.supervisor-authority.<owner>.<actor>`.
 //
 // Request: `{v:1, kind:"platform-supervisor-authority", owner, assignmentRevision, request}`
-// (DESIGN §6.5), from a principal whose ledger row holds `platform-admin`; `request` is a
+// (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), from a principal whose ledger row holds `platform-admin`; `request` is a
 // manager-service-authority request with actor "cli" and operation prepare, activate, renew or
 // renewStandingBundle for the assignment's instance and lifecycle. Reply: the material, every
 // credential's expiry at most the assignment's expiresAt.

@@ -11,7 +11,7 @@ import (
 // SupervisorEnd serves `cotal.<space>.auth.supervisor-end.<owner>.<actor>`.
 //
 // Request: `{v:1, kind:"platform-supervisor-end", owner, instanceId, lifecycleUid, reason}`
-// (DESIGN §6.5), from a principal whose ledger row holds `platform-admin`. Reply: `{owner,
+// (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), from a principal whose ledger row holds `platform-admin`. Reply: `{owner,
 // instanceId, lifecycleUid, assignment{state, revision}, retired{generations, gate},
 // revoked{done, nkeys, reason?}, evicted{count, complete}}`, the end's final state: a repeat,
 // or a retry after a crash anywhere, reports the same. It is recorded `ended`.

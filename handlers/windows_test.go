@@ -31,3 +31,21 @@ func TestWindowsCountTheLastMinuteAndKeepABoundedSetOfPeers(t *testing.T) {
 		t.Fatal("the least recently touched peer was not the one forgotten")
 	}
 }
+
+func TestAPeerIsAnIPv4AddressOrAnIPv6Slash64(t *testing.T) {
+	for addr, want := range map[string]string{
+		"203.0.113.7":           "203.0.113.7",
+		"::ffff:203.0.113.7":    "203.0.113.7",
+		"2001:db8:1:2:3:4:5:6":  "2001:db8:1:2::/64",
+		"2001:db8:1:2:ffff::1":  "2001:db8:1:2::/64",
+		"[2001:db8:1:3::1]":     "2001:db8:1:3::/64",
+		"fe80::1%eth0":          "fe80::/64",
+		"not an address":        "not an address",
+		"203.0.113.7:443":       "203.0.113.7",
+		"[2001:db8:1:2::9]:443": "2001:db8:1:2::/64",
+	} {
+		if got := peerOf(addr); got != want {
+			t.Errorf("peerOf(%q): got %q, want %q", addr, got, want)
+		}
+	}
+}

@@ -21,7 +21,7 @@ import (
 // It reports renewals per second; ns/op is the wall time per renewal across all requesters.
 // authplane bench measures the same against its ceilings.
 func BenchmarkRenew(b *testing.B) {
-	p := startPlane(b, func(c *service.Config) { c.Rate = 0; c.Workers = 8 })
+	p := startPlane(b, func(c *service.Config) { unbudgeted(c); c.Workers = 8 })
 	grant(b, p, ownerA, "cli", "supervise")
 	cli, err := principalClient(callerConn(b, p, ownerA, "cli"), ownerA, "cli")
 	if err != nil {

@@ -191,6 +191,8 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		secretFile := filepath.Join(t.TempDir(), "worker.secret")
 		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "agent", "--dir", dir, "--owner", ownerA, "--actor", "worker", "--out", secretFile); code != 0 {
 			t.Fatalf("authplane agent: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		} else if !strings.Contains(stdout, "reusable") {
+			t.Errorf("authplane agent: stdout %q, want it to say the secret is reusable", stdout)
 		}
 		fi, err := os.Stat(secretFile)
 		if err != nil || fi.Mode().Perm() != 0o600 {
@@ -200,14 +202,19 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
-		if r.Status != http.StatusOK || r.field("token") == "" {
-			t.Fatalf("the agent's exchange: got %d %s, want a bearer", r.Status, r.Body)
+		// The secret is reusable: the agent exchanges it for each bearer.
+		for i := range 2 {
+			r := post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
+			if r.Status != http.StatusOK || r.field("token") == "" {
+				t.Fatalf("the agent's exchange %d: got %d %s, want a bearer", i+1, r.Status, r.Body)
+			}
 		}
-		if code, _, stderr := runAuthplane(t, 30*time.Second, "agent", "--dir", dir, "--owner", ownerA, "--actor", "worker", "--revoke"); code != 0 {
+		if code, stdout, stderr := runAuthplane(t, 30*time.Second, "agent", "--dir", dir, "--owner", ownerA, "--actor", "worker", "--revoke"); code != 0 {
 			t.Fatalf("authplane agent --revoke: exit %d\nstderr:\n%s", code, stderr)
+		} else if !strings.Contains(stdout, "closed 0 live connections") {
+			t.Errorf("authplane agent --revoke: stdout %q, want the live connections it closed (none)", stdout)
 		}
-		r = post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
+		r := post(t, info.URL+"/exchange", map[string]any{"owner": ownerA, "actor": "worker", "actorToken": strings.TrimSpace(string(secret))}, "Authorization", "Bearer "+info.Cap)
 		if r.Status != http.StatusUnauthorized {
 			t.Errorf("a revoked agent's exchange: got %d %s, want 401", r.Status, r.Body)
 		}

@@ -271,6 +271,9 @@ func TestNoMintedCredentialCanCreateWriteOrPurgeAStream(t *testing.T) {
 	p := startPlane(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// Owner A has a manager, so a witness stream of its own for its callers' run-starts.
+	grant(t, p, ownerA, "cli", "supervise")
+	registered(t, callerConn(t, p, ownerA, "cli"), ownerA, "cli", newManagerKeys(t))
 	streamsBefore := streamNames(ctx, t, p)
 
 	t.Run("a caller credential", func(t *testing.T) {
@@ -327,7 +330,7 @@ func TestNoMintedCredentialCanCreateWriteOrPurgeAStream(t *testing.T) {
 
 	t.Run("a caller's run-start reaches the witness, which sends no ack", func(t *testing.T) {
 		nc := callerConn(t, p, ownerA, "cli")
-		witness, err := p.JS(t).Stream(ctx, subjects.WitnessStream(testSpace))
+		witness, err := p.JS(t).Stream(ctx, subjects.WitnessStream(testSpace, ownerA))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -445,6 +448,7 @@ func TestThePlanesOwnConnectionsHaveLeastPrivilege(t *testing.T) {
 	}{
 		{"serving", m.Data.Public(), subjects.ServingPermissions(testSpace)},
 		{"store", m.Plane.Public(), subjects.StorePermissions(testSpace)},
+		{"auditors", m.Plane.Public(), subjects.AuditorsPermissions(testSpace)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.role, func(t *testing.T) {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -229,10 +230,25 @@ func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the callout's mint never reached its commit")
 	}
-	if _, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer"); err != nil {
+	// The revoke writes the row, then keeps kicking the agent's connections for a while: the
+	// mint commits as soon as the row is written.
+	revoked := make(chan error, 1)
+	go func() {
+		_, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "racer")
+		revoked <- err
+	}()
+	bucket := subjects.ActorsBucket(testSpace)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		m, err := lastMsg(t, p, bucket, "$KV."+bucket+"."+subjects.ActorKey(ownerA, "racer"))
+		if err != nil || strings.Contains(string(m.Data), "tokenHash") {
+			return fmt.Errorf("the agent's row is not revoked yet (%v)", err)
+		}
+		return nil
+	})
+	close(release)
+	if err := <-revoked; err != nil {
 		t.Fatal(err)
 	}
-	close(release)
 	if err := <-connected; err == nil {
 		t.Fatal("an agent revoked before the callout's commit connected, want it refused")
 	}

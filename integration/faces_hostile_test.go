@@ -190,10 +190,11 @@ func TestAnUnknownKidFloodFetchesTheIdPKeySetOnce(t *testing.T) {
 
 // A public request whose body trickles in slower than the deadline is answered 503 when the
 // deadline passes, however often a byte arrives: the deadline is on the whole request, not on
-// each read.
+// each read. (Here the wait for a body is as long as the deadline; by default a body is cut
+// after 2 s, TestABodyMustArriveWithinTwoSecondsOfItsHeaders.)
 func TestASlowPublicBodyIsCutAtTheDeadline(t *testing.T) {
 	t.Parallel()
-	f := startFaces(t, nil)
+	f := startFaces(t, func(c *service.Config) { c.HTTPBodyTimeout = handlers.PublicDeadline })
 	conn, err := net.Dial("tcp", strings.TrimPrefix(f.PublicURL(), "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -240,45 +241,34 @@ func TestASlowPublicBodyIsCutAtTheDeadline(t *testing.T) {
 	}
 }
 
-// holdPublic opens a public /exchange request that waits on its body, and returns once the
-// door is reading it (the server's 100 Continue says so): it holds one of the face's slots
-// until the connection closes or the deadline passes.
-func holdPublic(t testing.TB, addr string) net.Conn {
+// holdPublic opens a public /exchange request from peer (its X-Forwarded-For) that waits on
+// its body, and returns once the door is reading it (the server's 100 Continue says so): it
+// holds one of the face's slots until the connection closes or the body's deadline passes.
+func holdPublic(t testing.TB, addr, peer string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if _, err := io.WriteString(c, "POST /exchange HTTP/1.1\r\nHost: mesh\r\nContent-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
-		t.Fatalf("a held request: got %q (%v), want 100 Continue", line, err)
-	}
-	if _, err := io.WriteString(c, "{"); err != nil {
-		t.Fatal(err)
+	c, _, line := slowBody(t, addr, nil, "/exchange", "X-Forwarded-For", peer)
+	if !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("a held request: got %q, want 100 Continue", line)
 	}
 	return c
 }
 
-// The public face holds at most 64 requests at once: with 64 waiting on their bodies, any
-// further request is 503 busy, whatever its route (the loopback face is not capped); released,
-// the slots return.
+// The public face holds at most 64 requests at once, every peer's together: with 64 waiting
+// on their bodies (8 peers' shares), any further request is 503 busy, whatever its route and
+// whoever sends it (the loopback face's slots are its own); released, the slots return.
 func TestThePublicFaceCapsRequestsInFlight(t *testing.T) {
 	t.Parallel()
-	f := startFaces(t, nil)
+	f := startFaces(t, func(c *service.Config) {
+		c.TrustedProxy = true
+		c.HTTPBodyTimeout = handlers.PublicDeadline // the held bodies stay held through the test
+	})
 	owner := humanOwner(t, f.testPlane, f.ip, "liam")
 	grant(t, f.testPlane, owner, "cli")
 	good := map[string]any{"idpToken": f.token(t, "liam", time.Hour), "actor": "cli"}
 	addr := strings.TrimPrefix(f.PublicURL(), "http://")
 	var held []net.Conn
-	for range handlers.PublicMaxInFlight {
-		held = append(held, holdPublic(t, addr))
+	for i := range handlers.PublicMaxInFlight {
+		held = append(held, holdPublic(t, addr, fmt.Sprintf("192.0.2.%d", 1+i/handlers.DefaultPeerInFlight)))
 	}
 	busy := func(r reply) error {
 		if r.Status != http.StatusServiceUnavailable || r.code() != "unavailable" || r.field("error") != "busy - retry shortly" {

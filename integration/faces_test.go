@@ -48,7 +48,7 @@ func sized(t testing.TB, n int, rest string) []byte {
 	return b
 }
 
-// Every POST guard answers with its status and code, in DESIGN §7's order, on both faces and
+// Every POST guard answers with its status and code, in the order docs/PROTOCOL.md gives ("The HTTP face"), on both faces and
 // both doors: 405, 403, 415, (loopback) 401, 413, 400. A request failing two guards gets the
 // earlier one's answer; a body of exactly 65,536 bytes is read and judged on its content, one
 // byte more is 413.
@@ -278,7 +278,7 @@ func TestLoopbackCapabilityMissesHaveTheirOwnBudget(t *testing.T) {
 	exchange(t, loop, good, f.cap...)
 }
 
-// refusalsPerMinute is DESIGN §7's budget of refusals (and capability misses) a minute.
+// refusalsPerMinute is the budget docs/PROTOCOL.md gives ("The HTTP face") of refusals (and capability misses) a minute.
 const refusalsPerMinute = 30
 
 // refuseN posts n refused agent exchanges to the public face as peer hops (X-Forwarded-For)
@@ -489,10 +489,14 @@ func TestAgentExchangeRefreshAndRevoke(t *testing.T) {
 		if rec.Bearer == nil || *rec.Bearer != (audit.Bearer{View: "caller", Agent: true, Exp: e.Exp}) || rec.Endpoint != "exchange" || strings.Contains(string(mustJSON(t, rec)), e.Token) {
 			t.Errorf("%s agent exchange: the exchanged record %+v, want the bearer's view, agent and exp (%d), never the token", fc.name, rec, e.Exp)
 		}
-		for ttl, want := range map[int]int64{60: 60, 5000: 300} {
+		// exp is rounded up to the second (a bearer lives at least its ttlSec), but never past
+		// 300 s from now's second.
+		for ttl, want := range map[int][2]int64{60: {60, 61}, 5000: {299, 300}} {
 			body := map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret, "ttlSec": ttl}
-			if left := exchange(t, fc.url, body, fc.auth...).Exp - time.Now().Unix(); left > want || left < want-2 {
-				t.Errorf("%s agent ttlSec %d: bearer lives %d s, want %d", fc.name, ttl, left, want)
+			before := time.Now()
+			exp := exchange(t, fc.url, body, fc.auth...).Exp
+			if lo, hi := before.Add(time.Duration(want[0])*time.Second), time.Now().Unix()+want[1]; time.Unix(exp, 0).Before(lo) || exp > hi {
+				t.Errorf("%s agent ttlSec %d: bearer exp %d, want %s to %d", fc.name, ttl, exp, lo.Format(time.StampMilli), hi)
 			}
 		}
 

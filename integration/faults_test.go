@@ -54,7 +54,7 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 	c.waitCurrent(t, 30*time.Second)
 	// No fence moved. The mint's `minted` records may land once a quorum is back (a stream
 	// leader that had not yet noticed it was alone took them, and could not commit them): they
-	// are its own records, which a refusal may leave (DESIGN §5), for credentials never sent.
+	// are its own records, which a refusal may leave (docs/PROTOCOL.md, "Conventions"), for credentials never sent.
 	minted := subjects.MintedStream(testSpace)
 	wantUnwritten(t, p, "a renewal with no KV leader", before.except(minted))
 	for _, rec := range mintedSince(t, p, before[minted]) {

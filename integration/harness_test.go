@@ -62,6 +62,15 @@ func testConfig(t testing.TB) service.Config {
 	return cfg
 }
 
+// unbudgeted lifts c's per-tenant rate budgets (the per-principal rate, re-registrations, new
+// keys) to their maxima: for the races and loads that drive one tenant harder than a tenant's
+// budget allows, to test fences, not budgets.
+func unbudgeted(c *service.Config) {
+	c.Rate = 0
+	c.ReregistrationsPerInstance, c.ReregistrationsPerOwner = 1_000_000, 1_000_000
+	c.NewKeysPerOwner = 10_000_000
+}
+
 // testPlane is a started plane with what its tests read of it: what Start reported, and the
 // space material it serves, loaded the way `authplane creds` loads it.
 type testPlane struct {

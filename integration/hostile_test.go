@@ -168,7 +168,7 @@ func TestHostileBodiesAreRefusedWithBoundedEchoes(t *testing.T) {
 			t.Errorf("a log line of %d bytes, want under 2 KiB: %.300s", len(line), line)
 		}
 	}
-	// micro's last_error holds the texts too: discovery still fits in one message for everyone.
+	// Discovery still fits in one message for everyone (micro's last_error holds a code only).
 	for _, m := range collectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, p.workers, 3*time.Second) {
 		if len(m.Data) > 8<<10 {
 			t.Errorf("a $SRV.STATS answer of %d bytes, want a few KiB", len(m.Data))

@@ -24,7 +24,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// invariants checks DESIGN §8 after each round of a race, from what the clients received, what
+// invariants checks what docs/SECURITY.md promises after each round of a race, from what the clients received, what
 // the fence writers reported, and what the stores hold. A race tells it every reply with
 // credentials (material, runMaterial) and every fence change it made (a re-registration is a
 // prepare's reply; frozen, revoked); check then reads the stores, as an auditor would, and

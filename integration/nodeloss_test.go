@@ -20,7 +20,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
@@ -70,6 +69,7 @@ func TestRenewalsSurviveLosingANodeAndTheMetaLeader(t *testing.T) {
 	grant(t, planes[1], ownerA, "cli", "supervise")
 
 	l := newNodeLossLoad(t, c)
+	l.planes = planes
 	const renewers = 4
 	for i := range renewers {
 		l.startRenewer(t, i)
@@ -151,9 +151,11 @@ type receivedKey struct {
 // nodeLossLoad is the load: renewers and a registrar, each on its own connection, every
 // request recorded.
 type nodeLossLoad struct {
-	c    *cluster
-	stop chan struct{}
-	wg   sync.WaitGroup
+	c *cluster
+	// planes are the replicas under load: their fence retries are counted.
+	planes []*testPlane
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// clients close once every requester has stopped.
 	clients []*client.Client
 
@@ -348,9 +350,18 @@ func (l *nodeLossLoad) startRegistrar(t *testing.T) {
 	}()
 }
 
+// retries counts the fence writes the replicas retried.
+func (l *nodeLossLoad) retries() int64 {
+	var n int64
+	for _, p := range l.planes {
+		n += p.FenceRetries()
+	}
+	return n
+}
+
 // mark begins event name now.
 func (l *nodeLossLoad) mark(name string) loadEvent {
-	ev := loadEvent{name: name, at: time.Now(), unknown: store.Errors.UnknownOutcome.Load(), retries: fence.Retries.Load()}
+	ev := loadEvent{name: name, at: time.Now(), unknown: store.Errors.UnknownOutcome.Load(), retries: l.retries()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.events = append(l.events, ev)
@@ -365,7 +376,7 @@ func (l *nodeLossLoad) finish() {
 		return
 	}
 	l.ended = time.Now()
-	l.end = loadEvent{name: "end", at: l.ended, unknown: store.Errors.UnknownOutcome.Load(), retries: fence.Retries.Load()}
+	l.end = loadEvent{name: "end", at: l.ended, unknown: store.Errors.UnknownOutcome.Load(), retries: l.retries()}
 	l.mu.Unlock()
 	close(l.stop)
 	l.wg.Wait()

@@ -51,7 +51,7 @@ func authplaneBinary(t testing.TB) string {
 			return
 		}
 		root := filepath.Dir(gomod)
-		env, args, err := dockerfileBuild(filepath.Join(root, "Dockerfile"))
+		env, args, err := dockerfileBuild(filepath.Join(root, "Dockerfile"), nil)
 		if err != nil {
 			binErr = err
 			return
@@ -79,18 +79,38 @@ func authplaneBinary(t testing.TB) string {
 }
 
 // dockerfileBuild reads the Dockerfile's `RUN [VAR=value …] go build … -o PATH ./cmd/authplane`
-// and returns its environment and the go command's arguments.
-func dockerfileBuild(path string) (env, args []string, err error) {
+// and returns its environment and the go command's arguments, with each `${ARG}` of it
+// replaced as `docker build` would: by buildArgs[ARG] (a --build-arg), else the default of its
+// `ARG NAME=default` line.
+func dockerfileBuild(path string, buildArgs map[string]string) (env, args []string, err error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
+	}
+	values := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^ARG ([A-Z_]+)=(\S*)$`).FindAllStringSubmatch(string(raw), -1) {
+		values[m[1]] = m[2]
+	}
+	for k, v := range buildArgs {
+		values[k] = v
 	}
 	m := regexp.MustCompile(`(?m)^RUN ((?:[A-Z_]+=\S+ )*)go (build .*-o \S+ \./cmd/authplane)$`).FindSubmatch(raw)
 	if m == nil {
 		return nil, nil, fmt.Errorf("%s: no `RUN [VAR=value …] go build … -o PATH ./cmd/authplane` line", path)
 	}
+	var unknown []string
+	line := regexp.MustCompile(`\$\{([A-Z_]+)\}`).ReplaceAllStringFunc(string(m[2]), func(ref string) string {
+		v, ok := values[ref[2:len(ref)-1]]
+		if !ok {
+			unknown = append(unknown, ref)
+		}
+		return v
+	})
+	if len(unknown) > 0 {
+		return nil, nil, fmt.Errorf("%s: the go build line uses %v, which no ARG line declares", path, unknown)
+	}
 	env = strings.Fields(string(m[1]))
-	for _, a := range regexp.MustCompile(`(?:[^\s"]+|"[^"]*")+`).FindAllString(string(m[2]), -1) {
+	for _, a := range regexp.MustCompile(`(?:[^\s"]+|"[^"]*")+`).FindAllString(line, -1) {
 		args = append(args, strings.ReplaceAll(a, `"`, ""))
 	}
 	return env, args, nil

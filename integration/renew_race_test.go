@@ -24,7 +24,7 @@ import (
 func TestNoRenewalCommitsAfterItsInstanceIsReRegistered(t *testing.T) {
 	t.Parallel()
 	const rounds, requesters = 20, 16
-	p := startPlane(t, func(c *service.Config) { c.Rate = 0; c.Workers = 8 })
+	p := startPlane(t, func(c *service.Config) { unbudgeted(c); c.Workers = 8 })
 	grant(t, p, ownerA, "cli", "supervise")
 	person, err := principalClient(callerConn(t, p, ownerA, "cli"), ownerA, "cli")
 	if err != nil {

@@ -37,7 +37,7 @@ func newReplicaRace(t *testing.T, mutate func(i int, c *service.Config)) *replic
 	for i := range 2 {
 		r.planes = append(r.planes, startPlane(t, func(c *service.Config) {
 			againstStandalone(s)(c)
-			c.Rate = 0
+			unbudgeted(c)
 			c.Workers = 4
 			if mutate != nil {
 				mutate(i, c)

@@ -66,7 +66,7 @@ func (env *runEnv) runStart(route, iid string) string {
 		env.t.Fatal(err)
 	}
 	checkFor(env.t, 5*time.Second, 10*time.Millisecond, func() error {
-		_, err := lastMsg(env.t, env.p, subjects.WitnessStream(testSpace), subject)
+		_, err := lastMsg(env.t, env.p, subjects.WitnessStream(testSpace, ownerA), subject)
 		return err
 	})
 	return subject

@@ -9,13 +9,13 @@ import (
 )
 
 // Attempts and renewals of one run race a revoke, round after round, each round checked
-// against DESIGN §8 (invariants): no run credential comes back whose run-fence commit came
+// against the invariants of docs/SECURITY.md: no run credential comes back whose run-fence commit came
 // after the revocation's (or the takeover's, for the old hold's renewals), every one has its
 // `minted` record, and every refusal is one a manager can act on.
 func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
 	t.Parallel()
 	const rounds = 200
-	env := newRunEnv(t, startPlane(t, func(c *service.Config) { c.Rate = 0; c.Workers = 4 }))
+	env := newRunEnv(t, startPlane(t, func(c *service.Config) { unbudgeted(c); c.Workers = 4 }))
 	owner := env.revoker(ownerA, "owner")
 	inv := newInvariants(env.p)
 	var renewals, attempts tally

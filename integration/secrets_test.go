@@ -24,7 +24,7 @@ var secretShape = regexp.MustCompile(`eyJ[A-Za-z0-9_-]{8,}\.|S[ANOUCXP][A-Z2-7]{
 // ended; a person's IdP token exchanged for a bearer that connects through the callout). Then
 // neither its log nor any record of the audit and minted streams holds a credential it issued,
 // a proof, the bearer, the IdP token or any seed of the space or the managers: not the strings
-// themselves, and nothing shaped like a JWT or a seed (DESIGN §8).
+// themselves, and nothing shaped like a JWT or a seed (docs/SECURITY.md, "What is proven").
 func TestNoSeedBearerProofOrJWTReachesTheLogOrTheRecords(t *testing.T) {
 	t.Parallel()
 	logs := &syncBuffer{}

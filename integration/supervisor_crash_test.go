@@ -12,6 +12,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -80,7 +81,7 @@ func finalState(t testing.TB, p *testPlane, s *supervised, r *client.EndReport) 
 // an uninterrupted end of another lifecycle, with the same reply, and evicts the supervisor.
 func TestARetriedEndCompletesAfterACrashAtEveryStep(t *testing.T) {
 	t.Parallel()
-	for step := 1; step <= 5; step++ {
+	for step := 1; step <= supervisor.EndSteps; step++ {
 		t.Run(fmt.Sprintf("after step %d", step), func(t *testing.T) {
 			t.Parallel()
 			var crashAfter atomic.Int32 // the step the next end stops after; 0: none
@@ -105,7 +106,7 @@ func TestARetriedEndCompletesAfterACrashAtEveryStep(t *testing.T) {
 			sup := watchDuty(t, p.NATSURL(), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
 			crashAfter.Store(int32(step))
 			_, err = pa.end(s)
-			wantRefusalOf(t, "the crashed end", err, "unavailable", fmt.Sprintf("the end stopped after step %d of 5", step))
+			wantRefusalOf(t, "the crashed end", err, "unavailable", fmt.Sprintf("the end stopped after step %d of %d", step, supervisor.EndSteps))
 
 			report, err := pa.end(s)
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -38,7 +39,7 @@ func newRaceWatch(t testing.TB) *raceWatch {
 		c.Workers = 8
 		c.Hooks = &service.Hooks{
 			AfterEndStep: func(iid string, step int) error {
-				if step == 1 {
+				if step == supervisor.StepFrozen {
 					return w.frozen(t, iid)
 				}
 				return nil
@@ -193,7 +194,7 @@ func (l laneT) FailNow() { l.Fail(); runtime.Goexit() }
 
 // TestEndRacingSupervisorMintsAndSelfRenewalsLeavesNothingValid: 200 rounds, twenty at a time on
 // one plane, of supervisor-authority renewals and the manager's own renewals running while
-// supervisor-end runs, each round checked against DESIGN §8 (invariants): no mint commits at or
+// supervisor-end runs, each round checked against the invariants of docs/SECURITY.md: no mint commits at or
 // after the freeze's revision; every key minted is on the revocation set and on the list the end
 // returns; no credential's exp passes the assignment's end; the generations' evidence is what
 // was staged. (Ends that run together share their pushes to the broker.)

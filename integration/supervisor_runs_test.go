@@ -29,7 +29,7 @@ func TestASupervisedManagerRunsOnItsAssignment(t *testing.T) {
 		}
 		flush(t, starter)
 		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-			_, err := lastMsg(t, p, subjects.WitnessStream(testSpace), rs.Subject())
+			_, err := lastMsg(t, p, subjects.WitnessStream(testSpace, s.owner), rs.Subject())
 			return err
 		})
 		return rs.Subject()

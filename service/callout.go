@@ -10,7 +10,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// serveCallout serves the broker's auth callout (DESIGN §7) as the callout user, whose key the
+// serveCallout serves the broker's auth callout (docs/PROTOCOL.md, "The HTTP face") as the callout user, whose key the
 // callout account lists as the one user it does not call out for. Like the serving side, it is
 // renewed at two thirds of its user's life: the next connection subscribes before the previous
 // one drains, so no connection attempt meets a moment with no callout.
@@ -42,21 +42,22 @@ func (p *Plane) serveCallout(c *handlers.Callout) error {
 	}
 	p.callout.Store(nc)
 	p.onClose("drain the callout connection", func() error { return drain(p.callout.Load(), p.drainTimeout()) })
-	p.renewEvery("callout user", func() {
+	p.renewEvery("callout user", func() error {
 		if p.fenced.Load() {
-			return
+			return nil
 		}
 		next, err := open()
 		if err != nil {
-			p.log.Warn("renewing the callout user failed; the current one reconnects when it expires", "err", err)
-			return
+			return p.renewal("callout", err)
 		}
+		p.renewal("callout", nil)
 		old := p.callout.Swap(next)
 		p.bg.Go(func() {
 			if err := drain(old, p.drainTimeout()); err != nil {
 				p.log.Warn("retiring the previous callout connection", "err", err)
 			}
 		})
+		return nil
 	})
 	return nil
 }

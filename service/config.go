@@ -11,10 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -46,6 +50,15 @@ type Config struct {
 	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
 	// names the peer.
 	TrustedProxy bool
+	// PublicPeerInFlight bounds one peer's requests in flight on the public face (of the face's
+	// 64), per replica.
+	PublicPeerInFlight int
+	// LoopbackInFlight bounds the loopback face's door requests in flight, the capability's
+	// holders together, per replica.
+	LoopbackInFlight int
+	// HTTPBodyTimeout is how long a door of either face waits for a request's body after its
+	// headers.
+	HTTPBodyTimeout time.Duration
 	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
@@ -72,20 +85,50 @@ type Config struct {
 	MaxAssignmentTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
+	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
+	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
+	// records' retention (48 h): each claim is for life, and each new key's `minted` record
+	// stays in the stream every tenant shares. In memory: per replica.
+	NewKeysPerOwner int
+	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
+	// instance already registered (each advances its epoch, and may bring fresh keys). In
+	// memory: per replica.
+	ReregistrationsPerInstance int
+	ReregistrationsPerOwner    int
 	// MaxSubscriptions and MaxPayload bound every user the plane mints; MaxConnections bounds
 	// the data account's connections (the plane's own serving ones included).
 	MaxSubscriptions int64
 	MaxPayload       int64
 	MaxConnections   int64
+	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
+	// replica while one renews): tenants together hold at most MaxConnections less these.
+	// MaxConnectionsPerPrincipal bounds one principal's connections. Both hold per space: every
+	// replica sees every server's connect events, refuses a bearer user past them at the auth
+	// callout and kicks a JWT user past them once it has connected.
+	ReservedConnections        int64
+	MaxConnectionsPerPrincipal int64
 
-	// WitnessBytes, MintedBytes and AuditBytes bound those streams.
+	// WitnessBytes and WitnessRuns bound each owner's witness stream: its run-starts of the
+	// last five minutes, in bytes and in count (per space: the stream is in the store).
 	WitnessBytes int64
-	MintedBytes  int64
-	AuditBytes   int64
+	WitnessRuns  int64
+	// MintedBytes and AuditBytes bound those streams.
+	MintedBytes int64
+	AuditBytes  int64
+	// AuditRecords is how many full audit records of each decision one owner gets a minute
+	// from this replica; past it, they are counted in one summary record for the minute.
+	AuditRecords int
+	// AuditorConsumers bounds the consumers (auditors' readers) each of the minted and audit
+	// streams holds, per space.
+	AuditorConsumers int
 
 	// DrainTimeout bounds a stop: requests in flight get this long to finish once no new one is
 	// taken.
 	DrainTimeout time.Duration
+	// ConnectTimeout is how long the start retries its first connection to NATS (--nats-url),
+	// with backoff, before it gives up: a plane started beside its cluster waits for it. 0 tries
+	// once.
+	ConnectTimeout time.Duration
 
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
@@ -105,9 +148,12 @@ type Config struct {
 type Hooks struct {
 	// BeforeCommit runs after a mint is signed and recorded, before its commit fence.
 	BeforeCommit func()
-	// AfterEndStep runs after each step (1 to 5) of the supervisor-end of instance iid; an error
-	// stops the end there, as a crash would.
+	// AfterEndStep runs after each step (1 to supervisor.EndSteps) of the supervisor-end of
+	// instance iid; an error stops the end there, as a crash would.
 	AfterEndStep func(iid string, step int) error
+	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
+	// metrics, instead of every WitnessSampleEvery.
+	WitnessSampleEvery time.Duration
 }
 
 // DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
@@ -115,34 +161,64 @@ type Hooks struct {
 // minted records, the commit), and the broker hands each request to a random instance of the
 // queue group, busy or not: with few instances a request often waits behind another one's
 // store round trips while others idle. At 32 requesters on 2 CPUs, 8 instances gave a p99 of
-// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request (BENCHMARKS.md).
+// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request; measured again against 8
+// per replica (the most that keeps `nats micro stats` at 40 rows), the median p99 rose 21 %
+// (BENCHMARKS.md), so the instances stay and the docs point to the stats' total row.
 const DefaultWorkersPerCPU = 16
+
+// witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its
+// subject (at most a few hundred bytes) and the store's own framing.
+const witnessMargin = 4 << 10
+
+// DefaultReservedConnections is how many of the data account's connections the plane keeps for
+// its own serving users unless --reserved-connections says otherwise: two per replica (the
+// current one and the next while it renews), for up to four replicas.
+const DefaultReservedConnections = 8
+
+// DefaultMaxConnectionsPerPrincipal is how many connections one principal may hold in the data
+// account unless --max-connections-per-principal says otherwise: a manager's duties hold one
+// each, a person's tools a few.
+const DefaultMaxConnectionsPerPrincipal = 64
 
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
-		Dir:                  ".authplane",
-		Space:                "default",
-		NATSPort:             4222,
-		HTTPPort:             8480,
-		PublicPort:           -1,
-		Replicas:             1,
-		Workers:              DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
-		Rate:                 100,
-		Burst:                200,
-		RequestTimeout:       5 * time.Second,
-		PlaneUserTTL:         time.Hour,
-		StandingTTL:          24 * time.Hour,
-		MaxAssignmentTTL:     30 * 24 * time.Hour,
-		MaxInstancesPerOwner: 64,
-		MaxSubscriptions:     mint.DefaultLimits.Subs,
-		MaxPayload:           mint.DefaultLimits.Payload,
-		MaxConnections:       10_000,
-		WitnessBytes:         store.DefaultWitnessBytes,
-		MintedBytes:          store.DefaultMintedBytes,
-		AuditBytes:           store.DefaultAuditBytes,
-		IdentityStore:        instance.StoreFile,
-		DrainTimeout:         10 * time.Second,
+		Dir:                        ".authplane",
+		Space:                      "default",
+		NATSPort:                   4222,
+		HTTPPort:                   8480,
+		PublicPort:                 -1,
+		PublicPeerInFlight:         handlers.DefaultPeerInFlight,
+		LoopbackInFlight:           handlers.DefaultLoopbackInFlight,
+		HTTPBodyTimeout:            handlers.DefaultBodyTimeout,
+		Replicas:                   1,
+		Workers:                    DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
+		Rate:                       100,
+		Burst:                      200,
+		RequestTimeout:             5 * time.Second,
+		PlaneUserTTL:               time.Hour,
+		StandingTTL:                24 * time.Hour,
+		MaxAssignmentTTL:           30 * 24 * time.Hour,
+		MaxInstancesPerOwner:       64,
+		NewKeysPerOwner:            10_000,
+		ReregistrationsPerInstance: 60,
+		ReregistrationsPerOwner:    600,
+		MaxSubscriptions:           mint.DefaultLimits.Subs,
+		MaxPayload:                 mint.DefaultLimits.Payload,
+		MaxConnections:             10_000,
+		WitnessBytes:               store.DefaultWitnessBytes,
+		WitnessRuns:                store.DefaultWitnessRuns,
+		MintedBytes:                store.DefaultMintedBytes,
+		AuditBytes:                 store.DefaultAuditBytes,
+		AuditRecords:               audit.DefaultPerMinute,
+		AuditorConsumers:           store.DefaultReaderConsumers,
+		IdentityStore:              instance.StoreFile,
+		DrainTimeout:               10 * time.Second,
+		ConnectTimeout:             time.Minute,
+
+		// The connection budgets (internal/conns).
+		ReservedConnections:        DefaultReservedConnections,
+		MaxConnectionsPerPrincipal: DefaultMaxConnectionsPerPrincipal,
 	}
 }
 
@@ -178,6 +254,7 @@ func (c Config) Validate() error {
 		bad("--http-port %d: want 0 to 65535", c.HTTPPort)
 	}
 	c.validatePublic(bad)
+	c.validateHTTPBudgets(bad)
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
 		bad("--replicas %d: want 1, 3 or 5", c.Replicas)
 	}
@@ -197,29 +274,52 @@ func (c Config) Validate() error {
 		// serves must end in the third that is left.
 		bad("--plane-user-ttl %s: want more than three times --request-timeout (%s)", c.PlaneUserTTL, c.RequestTimeout)
 	}
-	if c.StandingTTL < 5*time.Second || c.StandingTTL > 24*time.Hour {
-		bad("--standing-ttl %s: want 5s to 24h", c.StandingTTL)
+	// A revoked key stays on the revocation set for the longest life a credential may have:
+	// the standing TTL's bound is that life.
+	if c.StandingTTL < 5*time.Second || c.StandingTTL > revocation.LongestLife {
+		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, revocation.LongestLife)
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)
 	}
-	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > 100000 {
-		bad("--max-instances-per-owner %d: want 1 to 100000", c.MaxInstancesPerOwner)
+	// An owner's instances are one row of the fence bucket: the flag is bounded by what it holds.
+	if c.MaxInstancesPerOwner < 1 || c.MaxInstancesPerOwner > manager.MaxInstancesPerOwner {
+		bad("--max-instances-per-owner %d: want 1 to %d", c.MaxInstancesPerOwner, manager.MaxInstancesPerOwner)
+	}
+	if c.NewKeysPerOwner < 10 || c.NewKeysPerOwner > 10_000_000 {
+		bad("--new-keys-per-owner %d: want 10 (a registration binds 5) to 10000000", c.NewKeysPerOwner)
+	}
+	if c.ReregistrationsPerInstance < 1 || c.ReregistrationsPerOwner < c.ReregistrationsPerInstance || c.ReregistrationsPerOwner > 1_000_000 {
+		bad("--reregistrations-per-instance %d and --reregistrations-per-owner %d: want at least 1 an hour for an instance, and for an owner at least an instance's and at most 1000000", c.ReregistrationsPerInstance, c.ReregistrationsPerOwner)
 	}
 	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
 		p = append(p, err)
 	}
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
 		bad("--max-connections %d: want 2 to 10000000 (the plane's own serving connection counts)", c.MaxConnections)
+	} else if c.ReservedConnections < 2 || c.ReservedConnections >= c.MaxConnections {
+		bad("--reserved-connections %d: want 2 (one replica renewing its serving user) to less than --max-connections (%d)", c.ReservedConnections, c.MaxConnections)
+	} else if c.MaxConnectionsPerPrincipal < 1 || c.MaxConnectionsPerPrincipal > c.MaxConnections-c.ReservedConnections {
+		bad("--max-connections-per-principal %d: want 1 to --max-connections less --reserved-connections (%d)", c.MaxConnectionsPerPrincipal, c.MaxConnections-c.ReservedConnections)
 	}
-	if c.WitnessBytes < 1<<20 {
-		bad("--witness-bytes %d: want at least 1 MiB", c.WitnessBytes)
+	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload+witnessMargin {
+		// One run-start of the largest payload a caller may publish, with its subject, fits.
+		bad("--witness-bytes %d: want at least 1 MiB and at least --max-payload (%d) plus 4 KiB", c.WitnessBytes, c.MaxPayload)
+	}
+	if c.WitnessRuns < 1 || c.WitnessRuns > 1_000_000 {
+		bad("--witness-runs %d: want 1 to 1000000", c.WitnessRuns)
 	}
 	if c.MintedBytes < 1<<20 {
 		bad("--minted-bytes %d: want at least 1 MiB", c.MintedBytes)
 	}
 	if c.AuditBytes < 1<<20 {
 		bad("--audit-bytes %d: want at least 1 MiB", c.AuditBytes)
+	}
+	if c.AuditRecords < 1 || c.AuditRecords > 100_000 {
+		bad("--audit-records %d: want 1 to 100000", c.AuditRecords)
+	}
+	if c.AuditorConsumers < 1 || c.AuditorConsumers > 10000 {
+		bad("--auditor-consumers %d: want 1 to 10000", c.AuditorConsumers)
 	}
 	p = append(p, c.validateOperations()...)
 	return errors.Join(p...)
@@ -231,6 +331,9 @@ func (c Config) validateOperations() []error {
 	var p []error
 	if c.DrainTimeout < 0 || c.DrainTimeout > 10*time.Minute {
 		p = append(p, fmt.Errorf("--drain-timeout %s: want 0 to 10m", c.DrainTimeout))
+	}
+	if c.ConnectTimeout < 0 || c.ConnectTimeout > time.Hour {
+		p = append(p, fmt.Errorf("--connect-timeout %s: want 0 to 1h", c.ConnectTimeout))
 	}
 	switch c.IdentityStore {
 	case "", instance.StoreFile:
@@ -288,6 +391,20 @@ func (c Config) validatePublic(bad func(string, ...any)) {
 	}
 	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
 		bad("--idp-jwks: %v", err)
+	}
+}
+
+// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
+// slots, the loopback doors' slots, and the wait for a body.
+func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
+	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
+		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
+	}
+	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
+		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
+	}
+	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
+		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
 	}
 }
 

@@ -3,7 +3,12 @@ package service
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,7 +43,7 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 	if p.inProcess != nil {
 		opts = append(opts, p.inProcess)
 	}
-	nc, err := nats.Connect(p.info.NATSURL, append(opts,
+	opts = append(opts,
 		nats.Name("authplane "+role+" "+p.self()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -66,31 +71,102 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 			}
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
-	)...)
+	)
+	nc, err := p.connect(log, opts)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}
 	return nc, nil
 }
 
+// connect opens a connection with opts. Until --connect-timeout after the start began, a
+// broker that cannot be reached yet (none of the URLs answers: a cluster starting beside the
+// plane, a server restarting) is tried again, with backoff from 100 ms to 2 s; a broker that
+// answers and refuses (the credentials) is not. A signal during the start ends the wait.
+func (p *Plane) connect(log *slog.Logger, opts []nats.Option) (*nats.Conn, error) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		nc, err := nats.Connect(p.info.NATSURL, opts...)
+		left := time.Until(p.connectBy)
+		if err == nil || p.inProcess != nil || !unreachable(err) || left <= 0 {
+			return nc, err
+		}
+		p.setPhase(fmt.Sprintf("connecting to NATS at %s (attempt %d: %v)", broker.RedactURL(p.info.NATSURL), attempt, err))
+		if attempt&(attempt-1) == 0 { // the 1st, 2nd, 4th, 8th… attempt
+			log.Warn("NATS is not reachable yet; retrying until --connect-timeout", "attempt", attempt, "err", err, "connect_timeout", p.cfg.ConnectTimeout.String())
+		}
+		select {
+		case <-p.startCtx.Done():
+			return nil, errors.Join(err, p.startCtx.Err())
+		case <-time.After(min(wait, left)):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// unreachable reports whether err says no broker could be reached (rather than that one
+// answered and refused).
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne)
+}
+
+// renewRetry is how soon a failed renewal of one of the plane's users is tried again: the user
+// it would replace has a third of its life left.
+const renewRetry = time.Second
+
 // renewEvery runs fn at two thirds of the plane users' lifetime, before the broker would cut
-// them off, until Close, which waits for a renewal under way to finish.
-func (p *Plane) renewEvery(what string, fn func()) {
+// them off, and again every renewRetry while it fails, until Close, which waits for a renewal
+// under way to finish.
+func (p *Plane) renewEvery(what string, fn func() error) {
 	stop, done := make(chan struct{}), make(chan struct{})
 	p.bg.Go(func() {
 		defer close(done)
-		t := time.NewTicker(p.cfg.PlaneUserTTL * 2 / 3)
+		t := time.NewTimer(p.cfg.PlaneUserTTL * 2 / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
-				fn()
 			}
+			next := p.cfg.PlaneUserTTL * 2 / 3
+			if err := fn(); err != nil {
+				next = renewRetry
+			}
+			t.Reset(next)
 		}
 	})
 	p.onClose("stop renewing the "+what, func() error { close(stop); <-done; return nil })
+}
+
+// renewal records the outcome of a renewal of the plane's user of role: a failure is counted
+// and logged, and /health says so until a renewal of that role succeeds.
+func (p *Plane) renewal(role string, err error) error {
+	p.renewMu.Lock()
+	defer p.renewMu.Unlock()
+	if err == nil {
+		delete(p.renewFailing, role)
+		return nil
+	}
+	p.metrics.RenewalFailed(role)
+	p.log.Warn("renewing the plane's "+role+" user failed; retrying", "in", renewRetry, "err", err)
+	if p.renewFailing == nil {
+		p.renewFailing = map[string]string{}
+	}
+	p.renewFailing[role] = err.Error()
+	return err
+}
+
+// renewalFailing says which of the plane's users could not be renewed, and why; "" when none.
+func (p *Plane) renewalFailing() string {
+	p.renewMu.Lock()
+	defer p.renewMu.Unlock()
+	roles := slices.Sorted(maps.Keys(p.renewFailing))
+	if len(roles) == 0 {
+		return ""
+	}
+	return "renewing the " + roles[0] + " user fails (it is retried; the current one expires): " + p.renewFailing[roles[0]]
 }
 
 // connectRenewed opens one of the plane's own connections (the store's, the system user's),
@@ -104,10 +180,11 @@ func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Per
 	}
 	// A drain waits for requests in flight: each may take its whole deadline.
 	p.onClose("drain the "+role+" connection", func() error { return drain(nc, p.drainTimeout()) })
-	p.renewEvery(role+" user", func() {
+	p.renewEvery(role+" user", func() error {
 		if err := nc.ForceReconnect(); err != nil && !nc.IsClosed() {
-			p.log.Warn("renewing the plane's "+role+" user failed", "err", err)
+			return p.renewal(role, err)
 		}
+		return p.renewal(role, nil)
 	})
 	return nc, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/bearer"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
@@ -33,7 +34,8 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 	h := &handlers.HTTP{
 		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
-		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
+		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PeerInFlight: cfg.PublicPeerInFlight, LoopbackInFlight: cfg.LoopbackInFlight,
+		BodyTimeout: cfg.HTTPBodyTimeout, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
 		Metrics: p.metrics.Handler(), Records: d.records,
 	}
 	if cfg.IdP.URL != "" {
@@ -46,13 +48,43 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 	return h, nil
 }
 
-// serveHTTP opens the loopback face, and the public face when --public-port is set.
-func (p *Plane) serveHTTP(h *handlers.HTTP) error {
-	url, err := p.listen("--http-port", p.cfg.HTTPPort, h.Loopback())
+// serveLoopback opens the loopback face at the start of Start, serving the starting face:
+// `/health` answers 503 with what the start is doing, anything else 503 `unavailable`, until
+// serveHTTP hands it the doors.
+func (p *Plane) serveLoopback() error {
+	var starting http.Handler = http.HandlerFunc(p.starting)
+	p.loopback.Store(&starting)
+	url, err := p.listen("--http-port", p.cfg.HTTPPort, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		(*p.loopback.Load()).ServeHTTP(w, r)
+	}))
 	if err != nil {
 		return err
 	}
 	p.info.HTTPURL = url
+	return nil
+}
+
+// starting is the loopback face while the plane starts.
+func (p *Plane) starting(w http.ResponseWriter, r *http.Request) {
+	refusal := fault.New(fault.Unavailable, "the authority plane is starting; retry shortly")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(refusal.Code.HTTPStatus())
+	var body any = map[string]string{"error": refusal.Message, "code": string(refusal.Code)}
+	if r.URL.Path == "/health" {
+		_, reason := p.healthy(r.Context())
+		body = map[string]any{"ok": false, "reason": reason}
+	}
+	if err := json.NewEncoder(w).Encode(body); err != nil {
+		p.log.Debug("starting face: answer not sent", "err", err)
+	}
+}
+
+// serveHTTP hands the loopback face its doors, and opens the public face when --public-port
+// is set.
+func (p *Plane) serveHTTP(h *handlers.HTTP) error {
+	doors := p.countTransportRefusals("loopback", h.Loopback())
+	p.loopback.Store(&doors)
 	if p.cfg.PublicPort < 0 {
 		return nil
 	}
@@ -70,7 +102,7 @@ func (p *Plane) serveHTTP(h *handlers.HTTP) error {
 	}
 	p.info.PublicURL = public
 	p.info.PublicListen = "http://" + bound.Addr().String()
-	p.serveOn(bound, h.Public(), "public")
+	p.serveOn(bound, p.countTransportRefusals("public", h.Public()), "public")
 	return nil
 }
 
@@ -121,7 +153,7 @@ func (p *Plane) serveOn(l net.Listener, handler http.Handler, name string) {
 	})
 }
 
-// bundle is the discovery bundle the public face serves (DESIGN §7): where the broker is, the
+// bundle is the discovery bundle the public face serves (docs/PROTOCOL.md, "The HTTP face"): where the broker is, the
 // IdP the space trusts, the doors, and the deny-all sentinel creds a client connects with.
 func (p *Plane) bundle(public string) ([]byte, error) {
 	server := p.cfg.AdvertisedServer

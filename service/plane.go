@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -14,14 +15,15 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
-	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -52,6 +54,9 @@ type Info struct {
 	CreatedMaterial bool
 	// Embedded says the plane runs its own nats-server.
 	Embedded bool
+	// RevocationCapacity is the most keys the data account's revocation set holds: as many as
+	// the account JWT that carries them can within one message of the broker.
+	RevocationCapacity int
 }
 
 // Plane is a running authority plane.
@@ -71,12 +76,33 @@ type Plane struct {
 	serving   atomic.Pointer[serving]
 	callout   atomic.Pointer[nats.Conn]
 	metrics   *metrics.Metrics
+	// opened is the stores once open, for the metrics (the loopback face serves them from the
+	// start).
+	opened atomic.Pointer[store.Stores]
 	// revocations is the data account's revocation set, applied through the system user.
-	revocations *supervisor.Revocations
+	revocations *revocation.Set
+	// system is the system user's connection; conns the data account's connections held to
+	// their budgets through it, relisted when relist is signalled (its reconnection).
+	system      *nats.Conn
+	conns       *conns.Ledger
+	relist      chan struct{}
+	overReserve atomic.Bool
+	kicked      atomic.Uint64
+	// renewFailing says, by role, why the last renewal of one of the plane's users failed.
+	renewMu      sync.Mutex
+	renewFailing map[string]string
 
 	fenced   atomic.Bool
 	ready    atomic.Bool
 	draining atomic.Bool
+	// phase says what a start is doing, for /health until the plane is ready.
+	phase atomic.Pointer[string]
+	// loopback is the loopback face's handler: a starting face until the doors exist.
+	loopback atomic.Pointer[http.Handler]
+	// startCtx is Start's context (a signal ends it); connectBy is when the start stops
+	// retrying its first connection to NATS.
+	startCtx  context.Context
+	connectBy time.Time
 	// drainBy is when a stop stops waiting for requests in flight; nil until it starts.
 	drainBy atomic.Pointer[time.Time]
 	// rewatch asks the fence watch to start again, after the store connection reconnected.
@@ -102,7 +128,7 @@ func (p *Plane) onClose(what string, fn func() error) {
 	p.closers = append(p.closers, closer{what, fn})
 }
 
-// Start brings the plane up in the order DESIGN §3 and §6.7 give; auth-service.json is written
+// Start brings the plane up in the order docs/OPERATIONS.md ("What it runs") gives; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
 func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -114,9 +140,17 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1)}
+	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1),
+		startCtx: ctx, connectBy: time.Now().Add(cfg.ConnectTimeout)}
 	p.info.Space = cfg.Space
-	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load)
+	p.setPhase("taking the state directory")
+	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
+		if s := p.opened.Load(); s != nil {
+			return s.Retries.Load()
+		}
+		return 0 // the loopback face serves /metrics before the stores open
+	})
+	p.metrics.Declare(series())
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -134,6 +168,12 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := instance.RemoveServiceInfo(cfg.Dir); err != nil {
 		return nil, err
 	}
+	// The loopback face answers from here on: /health says what the start is doing (503)
+	// until the plane is ready.
+	if err := p.serveLoopback(); err != nil {
+		return nil, err
+	}
+	p.setPhase("loading the space material")
 	if err := p.loadKeys(); err != nil {
 		return nil, err
 	}
@@ -158,26 +198,34 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		default: // one is pending already
 		}
 	}
+	p.setPhase("connecting to NATS at " + broker.RedactURL(p.info.NATSURL))
 	if p.storeNC, err = p.connectRenewed("store", planeIssuer, subjects.StorePermissions(cfg.Space), rewatch); err != nil {
 		return nil, err
 	}
+	p.setPhase("opening the stores")
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p.stores, err = store.Open(openCtx, p.storeNC, cfg.Space, store.Options{
 		Replicas:     cfg.Replicas,
 		WitnessBytes: cfg.WitnessBytes,
+		WitnessRuns:  cfg.WitnessRuns,
 		MintedBytes:  cfg.MintedBytes,
 		AuditBytes:   cfg.AuditBytes,
+		// The auditors' readers of the minted and audit streams.
+		ReaderConsumers: cfg.AuditorConsumers,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
 	}
+	p.opened.Store(p.stores)
+	p.watchWitnesses()
 	if cfg.IdentityStore == instance.StoreKV {
 		if p.identity, err = instance.Claim(openCtx, p.stores.Secrets, cfg.Dir, cfg.Space, cfg.InstanceName); err != nil {
 			return nil, err
 		}
 	}
 	p.info.InstanceID = p.identity.InstanceID
+	p.setPhase("registering instance " + p.identity.InstanceID)
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
 		return nil, err
 	}
@@ -185,7 +233,14 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
+	if err := p.watchConnections(openCtx, p.system); err != nil {
+		return nil, err
+	}
+	if err := p.serveAuditors(planeIssuer); err != nil {
+		return nil, err
+	}
 
+	p.setPhase("starting the services")
 	// One issuer for the data account: its signing key is derived once, for every user of it.
 	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
 	if err != nil {
@@ -214,13 +269,17 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
-	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID,
+	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "revocation_capacity", p.info.RevocationCapacity,
 		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
 
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
+
+// FenceRetries is how many fence writes the plane's stores retried (a lost CAS, an unknown
+// outcome): what its metrics export as authplane_cas_retries_total.
+func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports, the revocation set) and pushes them to
@@ -232,20 +291,33 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), nil)
+	// Connection events missed while it was away are put right by a listing.
+	relist := func() {
+		select {
+		case p.relist <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), relist)
 	if err != nil {
 		return err
 	}
-	p.revocations = &supervisor.Revocations{
+	sign := func(revoked map[string]int64) (string, int64, error) {
+		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
+	}
+	p.system = system
+	p.revocations = &revocation.Set{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
-		Sign: func(revoked map[string]int64) (string, error) {
-			return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
-		},
-		Broker: broker.Account{NC: system, Public: p.keys.Data.Public()},
-		Now:    p.cfg.Now,
+		Sign:    sign,
+		Broker:  broker.Account{NC: system, Public: p.keys.Data.Public()},
+		Now:     p.cfg.Now,
 	}
 	if p.keys.OperatorSigner == nil {
+		// This plane signs no account JWT; ends still put keys on the set for a plane that
+		// can, sized as if it signed one.
+		p.revocations.Capacity = int((system.MaxPayload() - 8<<10) / revocation.PerKey)
+		p.info.RevocationCapacity = p.revocations.Capacity
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
@@ -256,12 +328,14 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err := broker.PushAccount(ctx, system, p.keys.Plane.Public(), plane); err != nil {
 		return fmt.Errorf("plane account exports: %w", err)
 	}
-	applied, err := p.revocations.Apply(ctx, nil, true)
-	if err != nil {
+	// The account JWT that carries the set is pushed to, and read back from, every server in
+	// one message: the broker's largest bounds how many keys the set holds.
+	if p.revocations.Capacity, err = revocation.Capacity(sign, system.MaxPayload()); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
-	if !applied.Done {
-		return fmt.Errorf("data account policy: %s", applied.Reason)
+	p.info.RevocationCapacity = p.revocations.Capacity
+	if err := p.revocations.Reapply(ctx); err != nil {
+		return fmt.Errorf("data account policy: %w", err)
 	}
 	return nil
 }
@@ -275,10 +349,13 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	case p.fenced.Load():
 		return false, "fenced: another process registered this instance at a newer epoch"
 	case !p.ready.Load():
-		return false, "starting"
+		return false, "starting: " + *p.phase.Load()
 	}
 	if !p.connected() {
 		return false, "disconnected from NATS"
+	}
+	if reason := p.renewalFailing(); reason != "" {
+		return false, reason
 	}
 	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
 	switch {
@@ -289,6 +366,9 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	}
 	return true, ""
 }
+
+// setPhase records what the start is doing now, for /health.
+func (p *Plane) setPhase(what string) { p.phase.Store(&what) }
 
 // loadKeys loads the space material, creating it on a first embedded start. Against an
 // existing cluster the material must be the one its servers were configured from (`authplane

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/instance"
@@ -14,6 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 	"github.com/nats-io/nats.go"
@@ -41,7 +44,8 @@ type doors struct {
 func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
-	// The refusal budget's summaries are flushed until the services have stopped, then once
+	recorder.PerMinute, recorder.Summarized = cfg.AuditRecords, p.metrics.Summarized
+	// The record budgets' summaries are flushed until the services have stopped, then once
 	// more (this closer runs after theirs).
 	ctx, stop := context.WithCancel(context.Background())
 	flushed := make(chan struct{})
@@ -50,7 +54,14 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		recorder.Run(ctx)
 	})
 	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
-	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Now: cfg.Now, Fenced: p.fenced.Load,
+	claims := &claim.Claims{KV: p.stores.Auth}
+	// An owner may claim its whole budget at once, and gets it back over the minted records'
+	// retention: in any such window it holds at most twice its budget of new keys' records.
+	newKeys := &issue.KeyBudgets{
+		PerOwner: budget.New(float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner, cfg.Now),
+		Window:   store.MintedMaxAge, Limit: cfg.NewKeysPerOwner,
+	}
+	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, NewKeys: newKeys, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
@@ -71,6 +82,13 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		ProofKey:             proofKey,
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
+		// A tenth of an hour's budget at once.
+		Reregistrations: &manager.Reregistrations{
+			PerInstance:    budget.PerHour(cfg.ReregistrationsPerInstance, max(cfg.ReregistrationsPerInstance/10, 1), cfg.Now),
+			PerOwner:       budget.PerHour(cfg.ReregistrationsPerOwner, max(cfg.ReregistrationsPerOwner/10, 1), cfg.Now),
+			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner,
+		},
+		Records: recorder,
 	}
 	sup := &supervisor.Supervisor{
 		Space:       cfg.Space,
@@ -82,6 +100,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		Accepted:    p.stores.Accepted,
 		Engine:      engine,
 		Minted:      p.stores,
+		Claims:      claims,
 		Revocations: p.revocations,
 		Audit:       recorder,
 		MaxTTL:      cfg.MaxAssignmentTTL,
@@ -91,7 +110,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: handlers.NewLimiter(cfg.Rate, cfg.Burst), Audit: recorder, Fenced: p.fenced.Load,
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), Audit: recorder, Fenced: p.fenced.Load,
 		Draining: p.draining.Load, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
@@ -111,7 +130,8 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	d.callout = &handlers.Callout{
 		Space: cfg.Space, Guard: d.guard, Keys: d.http.Keys, Ledger: p.stores.Actors, Pipeline: pipeline,
 		Account: p.keys.Callout.Public(), Signer: calloutSigner, XKey: p.keys.CalloutXKey,
-		Log: p.log.With("face", "callout"),
+		Log:   p.log.With("face", "callout"),
+		Conns: p.conns, Refused: func(budget string) { p.metrics.ConnectionRefused(budget, "callout") },
 	}
 	return d, nil
 }
@@ -148,15 +168,15 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	// The closers run last pushed, first run: the services stop, then the connection drains.
 	p.onClose("drain the serving connection", func() error { return drain(p.serving.Load().nc, p.drainTimeout()) })
 	p.onClose("stop the micro services", p.stopServices)
-	p.renewEvery("serving user", func() {
+	p.renewEvery("serving user", func() error {
 		if p.fenced.Load() {
-			return
+			return nil
 		}
 		next, err := open()
 		if err != nil {
-			p.log.Warn("renewing the serving user failed; the current one reconnects when it expires", "err", err)
-			return
+			return p.renewal("serving", err)
 		}
+		p.renewal("serving", nil)
 		old := p.serving.Swap(next)
 		p.log.Debug("renewed the serving user", "conn", "serving")
 		p.bg.Go(func() {
@@ -164,6 +184,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 				p.log.Warn("retiring the previous serving connection", "err", err)
 			}
 		})
+		return nil
 	})
 	return nil
 }

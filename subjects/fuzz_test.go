@@ -176,7 +176,7 @@ func FuzzReplyAllowed(f *testing.F) {
 }
 
 // FuzzGrammar checks every Valid* function on any string against a spelled-out reading of its
-// grammar (DESIGN §4), and the nkey checks against the nkeys library's own, on 56 characters.
+// grammar (docs/PROTOCOL.md, "Subjects and callers"), and the nkey checks against the nkeys library's own, on 56 characters.
 func FuzzGrammar(f *testing.F) {
 	user, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, make([]byte, 32))
 	if err != nil {

@@ -1,6 +1,6 @@
 package subjects
 
-// Bucket names, one family each (DESIGN §6.6). All live in the plane account.
+// Bucket names, one family each (docs/OPERATIONS.md, "What it runs": the stores). All live in the plane account.
 
 // AuthBucket holds the fences: gates, run fences and revocation sets.
 func AuthBucket(space string) string { return "cotal_auth_" + space }
@@ -29,8 +29,16 @@ func KeysBucket(space string) string { return "cotal_keys_" + space }
 // SecretsBucket holds claimed instance identities.
 func SecretsBucket(space string) string { return "cotal_secrets_" + space }
 
-// WitnessStream captures imported run-start requests.
-func WitnessStream(space string) string { return "cotal_witness_" + space }
+// WitnessStream captures owner's imported run-start requests: one stream per owner, so no
+// owner's run-starts can evict another's.
+func WitnessStream(space, owner string) string { return WitnessStreamPrefix(space) + owner }
+
+// WitnessStreamPrefix is what every owner's witness stream name of space starts with.
+func WitnessStreamPrefix(space string) string { return SharedWitnessStream(space) + "_" }
+
+// SharedWitnessStream is the one witness stream every owner shared before each got its own;
+// a start removes it (its subjects overlap every owner's).
+func SharedWitnessStream(space string) string { return "cotal_witness_" + space }
 
 // MintedStream holds one `minted` record per issued nkey.
 func MintedStream(space string) string { return "cotal_minted_" + space }

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Duty names one kind of credential the plane mints (DESIGN §6.8).
+// Duty names one kind of credential the plane mints (docs/PROTOCOL.md, "What each credential may do").
 type Duty string
 
 // The duties, in the table's order.
@@ -63,7 +63,7 @@ func DutyActor(d Duty, iid, runID string) string {
 	return ""
 }
 
-// PermissionsOf is DESIGN §6.8 as code: the permissions of duty d for holder h. Every
+// PermissionsOf is docs/PROTOCOL.md's table "What each credential may do", as code: the permissions of duty d for holder h. Every
 // credential may publish its own principal's plane subjects and subscribe its own inbox;
 // nothing more unless the table says so. It returns the principal's actor with them.
 func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
@@ -134,8 +134,9 @@ func StorePermissions(space string) Permissions {
 
 // SystemPermissions are those of the plane's system-account user: it pushes the data and plane
 // accounts' JWTs to the broker's resolvers, reads the data account's back from each, lists that
-// account's connections on each server, and counts the servers; nothing else, and for no other
-// account.
+// account's connections on each server, hears them open and close, kicks one past its budget,
+// and counts the servers; nothing else, and for no other account (a kick names a server and a
+// connection id, not an account: the plane kicks only what the data account's events named).
 func SystemPermissions(dataAccount, planeAccount string) Permissions {
 	return Permissions{
 		Pub: []string{
@@ -143,8 +144,19 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			AccountClaimsUpdate(planeAccount),
 			AccountClaimsLookup(dataAccount),
 			AccountConnz(dataAccount),
+			ServerKick("*"),
 			ServerPing,
 		},
+		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount)},
+	}
+}
+
+// KickPermissions are those of the system-account user an operator's command connects as to
+// close a principal's connections (`authplane agent --revoke`): it lists the data account's
+// connections, kicks them, and counts the servers.
+func KickPermissions(dataAccount string) Permissions {
+	return Permissions{
+		Pub: []string{AccountConnz(dataAccount), ServerKick("*"), ServerPing},
 		Sub: []string{"_INBOX.>"},
 	}
 }
@@ -165,24 +177,32 @@ func AuditorAPIPrefix(space string) string { return "cotal." + space + ".auditor
 // No caller's inbox is under it: an owner token starts `u_` or `p_`.
 const AuditorInboxPrefix = "_INBOX.auditor"
 
-// AuditorRead is one JetStream subject of the plane account that the data account imports for
-// auditors: Remote is its subject in the plane account, Local in the data account. Stream says
-// one request may get many answers (a pull consumer's batch).
+// AuditorRead is one subject of the plane account that the data account imports for auditors:
+// Remote is its subject in the plane account, Local in the data account. Stream says one
+// request may get many answers (a pull consumer's batch).
 type AuditorRead struct {
 	Remote string
 	Local  string
 	Stream bool
 }
 
-// AuditorReads is what DESIGN §6.8 lets an auditor do, as imports: for the minted and audit
+// AuditedStreams are the streams an auditor reads: the minted and audit streams.
+func AuditedStreams(space string) []string { return []string{MintedStream(space), AuditStream(space)} }
+
+// AuditorReads is what docs/PROTOCOL.md lets an auditor do ("What each credential may do"), as imports: for the minted and audit
 // streams, stream info, message gets (the streams allow no direct gets: fences are leader
-// reads), and consumers (create, info, pull, ack, delete a consumer: how `nats stream view`
-// pages). Nothing that writes, deletes or purges a message, and no bucket.
+// reads), and pull consumers (create, info, pull, ack, delete a consumer: how `nats stream
+// view` pages). A consumer's creation goes to the plane, not to JetStream (AuditorConsumers):
+// broker permissions cannot see a consumer's deliver_subject, so the plane refuses a push
+// consumer before JetStream sees it. Nothing that writes, deletes or purges a message, and no
+// bucket.
 func AuditorReads(space string) []AuditorRead {
 	api := AuditorAPIPrefix(space)
 	var reads []AuditorRead
-	for _, st := range []string{MintedStream(space), AuditStream(space)} {
-		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st, "CONSUMER.CREATE." + st + ".>",
+	for _, st := range AuditedStreams(space) {
+		create := AuditorConsumers(space, st) + ".>"
+		reads = append(reads, AuditorRead{Remote: create, Local: create})
+		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st,
 			"CONSUMER.INFO." + st + ".*", "CONSUMER.MSG.NEXT." + st + ".*", "CONSUMER.DELETE." + st + ".*"} {
 			reads = append(reads, AuditorRead{Remote: "$JS.API." + verb, Local: api + "." + verb, Stream: strings.HasPrefix(verb, "CONSUMER.MSG.NEXT.")})
 		}
@@ -190,6 +210,40 @@ func AuditorReads(space string) []AuditorRead {
 		reads = append(reads, AuditorRead{Remote: ack, Local: ack})
 	}
 	return reads
+}
+
+// AuditorConsumers is where the plane takes an auditor's consumer creations for stream st, in
+// the plane account and, imported under the same name, in the data account: the auditor's
+// `<api prefix>.CONSUMER.CREATE.<st>`, followed by the consumer's name (and filter) as
+// JetStream's API has them. The plane passes a pull consumer on to `$JS.API.CONSUMER.CREATE.<st>.…`.
+func AuditorConsumers(space, st string) string {
+	return AuditorAPIPrefix(space) + ".CONSUMER.CREATE." + st
+}
+
+// JetStreamConsumerCreate is JetStream's own subject for the consumer creation an auditor sent
+// on subject (under AuditorConsumers of one of AuditedStreams), or "" when subject is none.
+func JetStreamConsumerCreate(space, subject string) string {
+	for _, st := range AuditedStreams(space) {
+		if rest, ok := strings.CutPrefix(subject, AuditorConsumers(space, st)+"."); ok && rest != "" {
+			return "$JS.API.CONSUMER.CREATE." + st + "." + rest
+		}
+	}
+	return ""
+}
+
+// AuditorsPermissions are those of the plane's auditors connection, a plane-account user: it
+// takes the auditors' consumer creations (a queue subscription under AuditorConsumers), passes
+// them to JetStream's create API of those two streams only, answers into the import's reply
+// subjects (`_R_.…`), and subscribes its own inbox for JetStream's answers.
+func AuditorsPermissions(space string) Permissions {
+	var g Permissions
+	for _, st := range AuditedStreams(space) {
+		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>")
+		g.Sub = append(g.Sub, AuditorConsumers(space, st)+".>")
+	}
+	g.Pub = append(g.Pub, "_R_.>")
+	g.Sub = append(g.Sub, "_INBOX.>")
+	return g
 }
 
 // AuditorPermissions are those of an auditor credential (`authplane creds --role auditor`): it

@@ -21,7 +21,7 @@ var (
 )
 
 // RunStart is a parsed run-start subject: the route, the instance it names (inst only), and
-// the caller that published it (DESIGN §4): its owner and actor, which the broker forge-locks,
+// the caller that published it (docs/PROTOCOL.md, "Subjects and callers"): its owner and actor, which the broker forge-locks,
 // its lifecycle uid, issued generation and a nonce.
 type RunStart struct {
 	Space      string

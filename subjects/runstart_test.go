@@ -41,3 +41,39 @@ func TestRunStartSubjectsParseOnlyOnTheirGrammar(t *testing.T) {
 		t.Error("witness markers of two subjects collide or have the wrong shape")
 	}
 }
+
+// Every run-start of an owner lands in that owner's witness and no other's, and every
+// owner's witness lies inside what the data account exports: one owner's run-starts can fill
+// only its own stream.
+func TestEachRunStartIsCapturedByItsOwnersWitnessOnly(t *testing.T) {
+	const other = "u_bbbbbbbbbbbbbbbbbbbbbbbbbb"
+	uid, nonce := strings.Repeat("u", 26), strings.Repeat("n", 16)
+	for _, r := range []RunStart{
+		{Space: "default", Route: RouteOne, Owner: testOwner, Actor: "cli", UID: uid, Generation: "1", Nonce: nonce},
+		{Space: "default", Route: RouteAll, Owner: testOwner, Actor: "cli", UID: uid, Generation: "1", Nonce: nonce},
+		{Space: "default", Route: RouteInst, Instance: testIID, Owner: testOwner, Actor: "cli", UID: uid, Generation: "1", Nonce: nonce},
+	} {
+		count := func(patterns []string) int {
+			n := 0
+			for _, p := range patterns {
+				if subjectMatches(p, r.Subject()) {
+					n++
+				}
+			}
+			return n
+		}
+		if got := count(OwnerRunStarts("default", testOwner)); got != 1 {
+			t.Errorf("%s: matched by %d of its owner's witness subjects, want 1", r.Subject(), got)
+		}
+		if got := count(OwnerRunStarts("default", other)); got != 0 {
+			t.Errorf("%s: matched by %d of another owner's witness subjects, want 0", r.Subject(), got)
+		}
+		if got := count(RunStartExports("default")); got != 1 {
+			t.Errorf("%s: matched by %d exports, want 1", r.Subject(), got)
+		}
+	}
+	if a, b := WitnessStream("default", testOwner), WitnessStream("default", other); a == b || !strings.HasPrefix(a, WitnessStreamPrefix("default")) ||
+		strings.TrimPrefix(a, WitnessStreamPrefix("default")) != testOwner {
+		t.Errorf("witness streams: got %s and %s, want one per owner under %s", a, b, WitnessStreamPrefix("default"))
+	}
+}

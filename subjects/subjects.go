@@ -14,7 +14,7 @@ const (
 	Protocol = "cotal-auth/1"
 )
 
-// The five endpoints of the plane, in the order DESIGN §5 lists them.
+// The five endpoints of the plane, in the order docs/PROTOCOL.md lists them.
 const (
 	EndpointManagerAuthority    = "manager-authority"
 	EndpointRunRevoke           = "run-revoke"
@@ -132,6 +132,17 @@ func RunStartExports(space string) []string {
 	}
 }
 
+// OwnerRunStarts lists the run-start subjects owner's callers publish: what the owner's witness
+// stream captures. No two owners' overlap.
+func OwnerRunStarts(space, owner string) []string {
+	p := "cotal." + space + ".ep.v1."
+	return []string{
+		p + "one.manager.run-start." + owner + ".>",
+		p + "all.manager.run-start." + owner + ".>",
+		p + "inst.manager.*.run-start." + owner + ".>",
+	}
+}
+
 // Records the plane writes into its own account.
 
 // NoInstance stands for the instance in the `minted` subject of a credential minted for no
@@ -181,3 +192,20 @@ func AccountConnz(account string) string { return "$SYS.REQ.ACCOUNT." + account 
 
 // ServerPing asks every server for its statistics: how the plane counts a cluster's servers.
 const ServerPing = "$SYS.REQ.SERVER.PING"
+
+// AccountConnectEvents and AccountDisconnectEvents are where every server announces a client
+// connection of the account opening and closing: how the plane counts each principal's
+// connections.
+func AccountConnectEvents(account string) string { return "$SYS.ACCOUNT." + account + ".CONNECT" }
+
+// AccountDisconnectEvents: see AccountConnectEvents.
+func AccountDisconnectEvents(account string) string {
+	return "$SYS.ACCOUNT." + account + ".DISCONNECT"
+}
+
+// ServerKick asks the server with id server to close one client connection (by its cid).
+func ServerKick(server string) string { return "$SYS.REQ.SERVER." + server + ".KICK" }
+
+// PlaneUserPrefix starts the name of every user the plane mints for its own connections
+// (`plane.serving_<instance>`): no principal's name does (an owner starts `u_` or `p_`).
+const PlaneUserPrefix = "plane."

@@ -260,7 +260,7 @@ func TestServingAndStorePermissionssStayOutOfTheOtherPlaces(t *testing.T) {
 func TestKeysAndBucketsNameTheirSpace(t *testing.T) {
 	for _, name := range []string{AuthBucket("s1"), ActorsBucket("s1"), IssuedBucket("s1"), AcceptedBucket("s1"),
 		AdmissionBucket("s1"), RecordsBucket("s1"), PlatformBucket("s1"), KeysBucket("s1"), SecretsBucket("s1"),
-		WitnessStream("s1"), MintedStream("s1"), AuditStream("s1")} {
+		SharedWitnessStream("s1"), MintedStream("s1"), AuditStream("s1")} {
 		if !strings.HasPrefix(name, "cotal_") || !strings.HasSuffix(name, "_s1") {
 			t.Errorf("bucket %q: want cotal_<family>_s1", name)
 		}
@@ -311,4 +311,24 @@ func subjectMatches(pattern, subject string) bool {
 		}
 	}
 	return len(p) == len(s)
+}
+
+// An auditor's consumer creation reaches JetStream's create API of the minted and audit
+// streams only, under the name (and filter) it was sent with.
+func TestAnAuditorsConsumerCreationReachesOnlyTheAuditedStreams(t *testing.T) {
+	a := AuditorConsumers("default", AuditStream("default"))
+	for subject, want := range map[string]string{
+		a + ".pager":   "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager",
+		a + ".pager.>": "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager.>",
+		AuditorConsumers("default", MintedStream("default")) + ".x": "$JS.API.CONSUMER.CREATE.cotal_minted_default.x",
+		a:       "",
+		a + ".": "",
+		AuditorConsumers("default", "KV_cotal_auth_default") + ".x": "",
+		AuditorConsumers("other", AuditStream("other")) + ".x":      "",
+		"$JS.API.CONSUMER.CREATE.cotal_audit_default.x":             "",
+	} {
+		if got := JetStreamConsumerCreate("default", subject); got != want {
+			t.Errorf("JetStreamConsumerCreate(%q): got %q, want %q", subject, got, want)
+		}
+	}
 }

@@ -34,7 +34,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection")
 	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase (after a warm-up of a fifth of it, at most 1s)")
 	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end against a filled revocation set), storm (bearer connections at once through the auth callout)")
-	endFill := fs.String("end-fill", "0,1000,5000,10000", "ends: the revocation set's sizes (keys) to fill it to, ascending; the last should be the largest below the ceiling")
+	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the revocation set's sizes (keys) to fill it to, ascending; max: the largest below its capacity that leaves room for the phase's own ends")
 	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size")
 	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency")
 	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal (and as many through the callout ceiling, and with direct JWTs)")
@@ -62,7 +62,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		out  *[]int
 	}{{"--end-fill", *endFill, &b.EndFill}, {"--end-concurrency", *endConcurrency, &b.EndConcurrency}, {"--storm", *storm, &b.Storm}} {
 		var err error
-		if *l.out, err = intList(l.in); err != nil {
+		in := l.in
+		if l.flag == "--end-fill" {
+			in = strings.ReplaceAll(in, "max", strconv.Itoa(bench.FillMax))
+		}
+		if *l.out, err = intList(in); err != nil {
 			problems = append(problems, fmt.Errorf("%s %q: %w", l.flag, l.in, err))
 		}
 	}
@@ -92,7 +96,10 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		*dir = tmp
 	}
 	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
-	cfg.Rate = 0 // the bench measures the plane, not its rate limit
+	// The bench measures the plane, not a tenant's budgets: one owner drives it all.
+	cfg.Rate = 0
+	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
+	cfg.NewKeysPerOwner = 10_000_000
 	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
 	// The plane logs every mint as it does in production; the lines are formatted and dropped.
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -177,7 +184,8 @@ func measure(ctx context.Context, plane *service.Plane, maxConnections int64, b 
 	if err != nil {
 		return nil, err
 	}
-	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL}, b)
+	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL,
+		RevocationCapacity: info.RevocationCapacity}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}

@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,8 +16,7 @@ import (
 
 // owner prints the u_ owner an IdP subject derives in this space.
 func owner(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("owner", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("owner", "[flags]", stderr)
 	l := locateFlags(fs)
 	issuer := fs.String("issuer", "", "the IdP's issuer, exactly as its tokens' iss (the plane's --idp-issuer)")
 	sub := fs.String("sub", "", "the person's subject at the IdP (its tokens' sub)")
@@ -36,14 +35,14 @@ func owner(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// agent gives a managed agent a fresh one-time secret, or revokes it.
+// agent gives a managed agent a fresh secret (reusable until revoked or replaced), or revokes
+// it and closes its live connections.
 func agent(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("agent", "[flags]", stderr)
 	l := locateFlags(fs)
 	ownerFlag, actor := principalFlags(fs)
-	out := fs.String("out", "", "the file to write the agent's one-time secret to (0600)")
-	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused")
+	out := fs.String("out", "", "the file to write the agent's secret to (0600; reusable: the agent exchanges it for each bearer until --revoke or a new --out)")
+	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused, and its live connections closed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -62,20 +61,24 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	principal := subjects.Principal(*ownerFlag, *actor)
 	if *revoke {
-		if _, err := admin.RevokeAgent(ctx, m, url, *ownerFlag, *actor); err != nil {
+		revoked, err := admin.RevokeAgent(ctx, m, url, *ownerFlag, *actor)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "revoked agent %s\n", principal)
+		fmt.Fprintf(stdout, "revoked agent %s: closed %d live connections\n", principal, revoked.Closed)
 		return nil
 	}
 	secret, _, err := admin.SetAgent(ctx, m, url, *ownerFlag, *actor)
 	if err != nil {
 		return err
 	}
+	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
+	}
 	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
-	fmt.Fprintf(stdout, "wrote the one-time secret of agent %s to %s\n", principal, *out)
+	fmt.Fprintf(stdout, "wrote the secret of agent %s to %s (reusable: exchange it for each bearer; --revoke ends it)\n", principal, *out)
 	fmt.Fprintf(stdout, "exchange it: POST /exchange {\"owner\":%q,\"actor\":%q,\"actorToken\":<the secret>}\n", *ownerFlag, *actor)
 	return nil
 }
@@ -83,22 +86,17 @@ func agent(args []string, stdout, stderr io.Writer) error {
 // keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
 // retire KID [flags]`.
 func keys(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: authplane keys list|rotate [flags]\n       authplane keys retire KID [flags]\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlags("keys", "list|rotate [flags]\n       authplane keys retire KID [flags]", stderr)
 	l := locateFlags(fs)
 	action, kid := "", ""
-	if len(args) > 0 {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
 	}
 	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		kid, args = args[0], args[1:]
 	}
 	if err := parse(fs, args); err != nil {
-		return err
+		return err // -h (flag.ErrHelp) included: the usage is printed
 	}
 	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
 		fs.Usage()

@@ -1,5 +1,6 @@
 // Command authplane is the Cotal authority plane: `authplane serve` (the default) runs it;
-// `init`, `creds`, `grant` and `nkeys` set up a space and its principals; `bench` measures it.
+// `init`, `creds`, `grant` and `nkeys` set up a space and its principals; `wait` and `stop`
+// follow a running plane; `bench` measures it.
 package main
 
 import (
@@ -8,28 +9,56 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/cotal-ai/authplane/internal/envflag"
 )
 
-const usage = `authplane: the authority plane of a Cotal mesh
+// command is one subcommand: its name, what its usage line shows after the name, what it
+// does, and what runs it.
+type command struct {
+	name, args, what string
+	run              func(args []string, stdout, stderr io.Writer) error
+}
 
-usage:
-  authplane [serve] [flags]      run the plane (embedded NATS unless --nats-url)
-  authplane init [flags]         write space material and a nats-server.conf
-  authplane creds [flags]        write a .creds file for a principal
-  authplane grant [flags]        write a principal's ledger row (its scopes)
-  authplane nkeys [flags]        generate a manager's five duty nkeys and a prepare body
-  authplane owner [flags]        print the u_ owner an IdP subject derives in this space
-  authplane agent [flags]        give a managed agent a one-time exchange secret, or revoke it
-  authplane keys list|rotate|retire KID
-                                 list, rotate or retire the bearer keys /jwks publishes
-  authplane identity migrate     move a file identity into the store (then --identity-store kv)
-  authplane version              print the release, module version and VCS revision
-  authplane bench [flags]        measure a plane against its echo and mint ceilings
+// commands are the subcommands, in the order the usage lists them.
+var commands = []command{
+	{"serve", "[flags]", "run the plane (the default; embedded NATS unless --nats-url)", serve},
+	{"wait", "[flags]", "wait until a plane answers /health ok", waitCmd},
+	{"stop", "[flags]", "stop the plane of a state directory and wait until it has exited", stopCmd},
+	{"init", "[flags]", "write space material and a nats-server.conf", initSpace},
+	{"creds", "[flags]", "write a .creds file for a principal", creds},
+	{"grant", "[flags]", "write a principal's ledger row (its scopes)", grant},
+	{"nkeys", "[flags]", "generate a manager's five duty nkeys and a prepare body", nkeysCmd},
+	{"owner", "[flags]", "print the u_ owner an IdP subject derives in this space", owner},
+	{"agent", "[flags]", "give a managed agent a (reusable) exchange secret, or revoke it", agent},
+	{"keys", "list|rotate|retire KID", "list, rotate or retire the bearer keys /jwks publishes", keys},
+	{"identity", "migrate [flags]", "move a file identity into the store (then --identity-store kv)", identityCmd},
+	{"version", "", "print the release, module version and VCS revision", versionCmd},
+	{"bench", "[flags]", "measure a plane against its echo and mint ceilings", benchCmd},
+}
 
-Run 'authplane <command> -h' for a command's flags.
-`
+// usage lists the commands.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("authplane: the authority plane of a Cotal mesh\n\nusage:\n")
+	for _, c := range commands {
+		line := "authplane " + c.name
+		if c.name == "serve" {
+			line = "authplane [serve]"
+		}
+		if c.args != "" {
+			line += " " + c.args
+		}
+		if len(line) > 30 {
+			fmt.Fprintf(&b, "  %s\n  %-30s %s\n", line, "", c.what)
+			continue
+		}
+		fmt.Fprintf(&b, "  %-30s %s\n", line, c.what)
+	}
+	b.WriteString("\nRun 'authplane <command> -h' for a command's flags. Every flag --name also reads\nAUTHPLANE_NAME from the environment; a flag on the command line wins.\n")
+	return b.String()
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -38,42 +67,31 @@ func main() {
 // errUsage marks an error already explained by a usage message.
 var errUsage = errors.New("usage")
 
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
-	cmd := "serve"
-	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
-	}
-	var err error
-	switch cmd {
-	case "serve":
-		err = serve(args, stdout, stderr)
-	case "init":
-		err = initSpace(args, stdout, stderr)
-	case "creds":
-		err = creds(args, stdout, stderr)
-	case "grant":
-		err = grant(args, stdout, stderr)
-	case "nkeys":
-		err = nkeysCmd(args, stdout, stderr)
-	case "owner":
-		err = owner(args, stdout, stderr)
-	case "agent":
-		err = agent(args, stdout, stderr)
-	case "keys":
-		err = keys(args, stdout, stderr)
-	case "identity":
-		err = identityCmd(args, stdout, stderr)
-	case "version":
-		err = versionCmd(args, stdout, stderr)
-	case "bench":
-		err = benchCmd(args, stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprint(stdout, usage())
 		return 0
-	default:
-		fmt.Fprintf(stderr, "authplane: unknown command %q\n\n%s", cmd, usage)
+	}
+	name := "serve"
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		name, args = args[0], args[1:]
+	}
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == name {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "authplane: unknown command %q\n\n%s", name, usage())
 		return 2
 	}
+	err := cmd.run(args, stdout, stderr)
 	switch {
 	case err == nil:
 		return 0
@@ -82,8 +100,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errUsage):
 		return 2
 	}
-	fmt.Fprintf(stderr, "authplane %s: %v\n", cmd, err)
+	fmt.Fprintf(stderr, "authplane %s: %v\n", name, err)
 	return 1
+}
+
+// newFlags returns the flag set of command name, writing to stderr, whose usage line says how
+// the command is called.
+func newFlags(name, args string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: authplane %s\n", strings.TrimSpace(name+" "+args))
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprint(stderr, "\nflags:\n")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
 }
 
 // parse parses a subcommand's flags and their AUTHPLANE_<FLAG> environment twins: a usage

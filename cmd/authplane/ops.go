@@ -15,14 +15,17 @@ import (
 // identityCmd runs `authplane identity migrate`: the plane's file identity moves into the
 // space's secrets bucket under --instance-name, and the file is removed.
 func identityCmd(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "migrate" {
-		fmt.Fprintf(stderr, "usage: authplane identity migrate --dir D --instance-name N [--space-dir S] [--nats-url URL]\n")
-		return errUsage
-	}
-	fs := flag.NewFlagSet("identity migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("identity migrate", "--dir D --instance-name N [--space-dir S] [--nats-url URL]", stderr)
 	l := locateFlags(fs)
 	name := fs.String("instance-name", "", "the name the identity is stored under: serve later with --identity-store kv --instance-name <this>")
+	if len(args) == 0 || args[0] != "migrate" {
+		if len(args) > 0 && isHelp(args[0]) {
+			fs.Usage()
+			return flag.ErrHelp
+		}
+		fs.Usage()
+		return errUsage
+	}
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
@@ -44,8 +47,7 @@ func identityCmd(args []string, stdout, stderr io.Writer) error {
 // versionCmd prints the release, the module version and the VCS revision the binary was built
 // from.
 func versionCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("version", "", stderr)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -53,14 +55,23 @@ func versionCmd(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		bi = nil
 	}
-	fmt.Fprint(stdout, versionText(bi))
+	fmt.Fprint(stdout, versionText(bi, revision))
 	return nil
 }
 
+// revision is the VCS revision the build was told (`-ldflags "-X main.revision=…"`, as the
+// Dockerfile sets it from its REVISION argument): what a build without .git in its context
+// cannot read itself.
+var revision = ""
+
 // versionText is what `authplane version` prints for build info bi (nil when the binary
-// carries none).
-func versionText(bi *debug.BuildInfo) string {
+// carries none) and the stamped revision: the toolchain's VCS revision when it recorded one,
+// else the stamped one, else "unknown".
+func versionText(bi *debug.BuildInfo, stamped string) string {
 	module, revision, modified := "unknown", "unknown", false
+	if stamped != "" {
+		revision = stamped
+	}
 	if bi != nil {
 		module = bi.Main.Version
 		for _, s := range bi.Settings {

@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -21,8 +21,7 @@ import (
 
 func serve(args []string, stdout, stderr io.Writer) error {
 	cfg := service.Defaults()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("serve", "[flags]", stderr)
 	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "process state directory (lock, identity, auth-service.json, embedded broker store)")
 	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space)")
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
@@ -32,6 +31,9 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.PublicPort, "public-port", cfg.PublicPort, "public HTTP port on 127.0.0.1, behind a TLS-ending proxy (0 = a free port, -1 = none)")
 	fs.StringVar(&cfg.PublicURL, "public-url", "", "the public face's https:// URL as clients see it (the discovery bundle names it)")
 	fs.BoolVar(&cfg.TrustedProxy, "trusted-proxy", false, "the public face is behind a proxy: its last X-Forwarded-For hop names the peer")
+	fs.IntVar(&cfg.PublicPeerInFlight, "public-peer-inflight", cfg.PublicPeerInFlight, "requests one peer may have in flight on the public face (of its 64), per replica")
+	fs.IntVar(&cfg.LoopbackInFlight, "loopback-inflight", cfg.LoopbackInFlight, "door requests in flight on the loopback face, every holder of the capability together, per replica")
+	fs.DurationVar(&cfg.HTTPBodyTimeout, "http-body-timeout", cfg.HTTPBodyTimeout, "how long a door of either HTTP face waits for a request's body after its headers")
 	fs.StringVar(&cfg.AdvertisedServer, "advertised-server", "", "the broker URL the discovery bundle gives clients (default: the plane's own)")
 	fs.StringVar(&cfg.IdP.URL, "idp-url", "", "the identity provider the space trusts (human exchanges, manager-service-authority over HTTP)")
 	fs.StringVar(&cfg.IdP.Issuer, "idp-issuer", "", "its tokens' exact iss (default: the --idp-url origin)")
@@ -49,11 +51,20 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.MaxSubscriptions, "max-subscriptions", cfg.MaxSubscriptions, "subscriptions each minted user may hold")
 	fs.Int64Var(&cfg.MaxPayload, "max-payload", cfg.MaxPayload, "largest message each minted user may publish, in bytes")
 	fs.Int64Var(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "connections of the data account (every minted user's, the plane's serving ones included)")
+	fs.Int64Var(&cfg.ReservedConnections, "reserved-connections", cfg.ReservedConnections, "of --max-connections, those kept for the plane's own serving users (two per replica)")
+	fs.Int64Var(&cfg.MaxConnectionsPerPrincipal, "max-connections-per-principal", cfg.MaxConnectionsPerPrincipal, "connections one principal may hold in the data account")
 	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
-	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "size bound of the run-start witness stream")
+	fs.IntVar(&cfg.NewKeysPerOwner, "new-keys-per-owner", cfg.NewKeysPerOwner, "user nkeys one owner may claim anew in 48 h (registrations' keys, run drivers and mediators), per replica")
+	fs.IntVar(&cfg.ReregistrationsPerInstance, "reregistrations-per-instance", cfg.ReregistrationsPerInstance, "prepares of an already registered instance allowed an hour, per replica")
+	fs.IntVar(&cfg.ReregistrationsPerOwner, "reregistrations-per-owner", cfg.ReregistrationsPerOwner, "prepares of already registered instances one owner may make an hour, per replica")
+	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "bytes of each owner's run-start witness stream (its run-starts of the last 5 minutes; its oldest dropped)")
+	fs.Int64Var(&cfg.WitnessRuns, "witness-runs", cfg.WitnessRuns, "run-starts in each owner's witness stream (its oldest dropped)")
 	fs.Int64Var(&cfg.MintedBytes, "minted-bytes", cfg.MintedBytes, "size bound of the minted stream (mints fail closed when full)")
 	fs.Int64Var(&cfg.AuditBytes, "audit-bytes", cfg.AuditBytes, "size bound of the audit stream (oldest records dropped)")
+	fs.IntVar(&cfg.AuditRecords, "audit-records", cfg.AuditRecords, "full audit records of each decision one owner gets a minute per replica (the rest counted in one summary record)")
+	fs.IntVar(&cfg.AuditorConsumers, "auditor-consumers", cfg.AuditorConsumers, "consumers (auditors' readers) each of the minted and audit streams holds at once")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken")
+	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "how long the start retries its first connection to NATS (--nats-url), with backoff; /health answers 503 meanwhile")
 	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -76,7 +87,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	printSummary(stdout, cfg, plane.Info())
+	printSummary(stdout, invocation(), cfg, plane.Info())
 
 	select {
 	case <-ctx.Done():
@@ -101,7 +112,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -111,10 +122,43 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
+// durationsAsText writes a duration as its text form ("10s", "250ms") in either format: the
+// JSON handler would write nanoseconds.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
 // exampleOwner is a well-formed owner for trying the plane by hand.
 const exampleOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
-func printSummary(w io.Writer, cfg service.Config, info service.Info) {
+// invocation is how to run this binary again from where it was started: `go run
+// ./cmd/authplane` when `go run` built it, else the name or path it was started by.
+func invocation() string {
+	exe, err := os.Executable()
+	if err != nil {
+		exe = ""
+	}
+	return invocationOf(exe, os.Args[0])
+}
+
+// goRunBuild matches where `go run` puts the binaries it builds: a temporary go-build
+// directory, or the build cache's `<hash>-d/` entries.
+var goRunBuild = regexp.MustCompile(`/go-build[0-9]*/|/[0-9a-f]{64}-d/[^/]+$`)
+
+// invocationOf is invocation for the executable at exe started as arg0.
+func invocationOf(exe, arg0 string) string {
+	if goRunBuild.MatchString(exe) {
+		return "go run ./cmd/authplane"
+	}
+	return arg0
+}
+
+// printSummary prints where the plane serves, and commands to try it that work the way it was
+// started (self runs this binary: `go run ./cmd/authplane`, `authplane`, `./authplane`).
+func printSummary(w io.Writer, self string, cfg service.Config, info service.Info) {
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
 		dir = cfg.Dir
@@ -137,7 +181,8 @@ func printSummary(w io.Writer, cfg service.Config, info service.Info) {
 	fmt.Fprintf(w, "  space     %s (%s)\n", info.SpaceDir, material)
 	fmt.Fprintf(w, "  state     %s (%s)\n", dir, admin.ServiceInfoFile)
 	fmt.Fprintf(w, "try it:\n")
-	fmt.Fprintf(w, "  authplane creds --dir %s --role ops --owner %s --actor cli --out cli.creds\n", cfg.Dir, exampleOwner)
-	fmt.Fprintf(w, "  nats --server %s --creds cli.creds --inbox-prefix %s micro info %s\n",
-		broker.RedactURL(info.NATSURL), subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
+	creds := filepath.Join(cfg.Dir, "cli.creds") // in the state directory: a secret stays out of the working tree
+	fmt.Fprintf(w, "  %s creds --dir %s --role ops --owner %s --actor cli --out %s\n", self, cfg.Dir, exampleOwner, creds)
+	fmt.Fprintf(w, "  nats --server %s --creds %s --inbox-prefix %s micro info %s\n",
+		broker.RedactURL(info.NATSURL), creds, subjects.InboxPrefix(exampleOwner, "cli"), subjects.ServiceName)
 }

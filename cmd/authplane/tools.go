@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -41,8 +43,7 @@ func principalFlags(fs *flag.FlagSet) (owner, actor *string) {
 }
 
 func initSpace(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("init", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("init", "[flags]", stderr)
 	var o admin.InitOptions
 	fs.StringVar(&o.Space, "space", "default", "space name")
 	fs.StringVar(&o.SpaceDir, "space-dir", "space", "where to write the space material (every key and secret)")
@@ -62,14 +63,13 @@ func initSpace(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s %s (space %q)\n", verb, o.SpaceDir, o.Space)
 	fmt.Fprintf(stdout, "wrote %s\n", conf)
-	fmt.Fprintf(stdout, "next:\n  nats-server -c %s\n  authplane serve --nats-url nats://%s --space %s --space-dir %s --dir <state dir>\n",
-		conf, o.Listen, o.Space, o.SpaceDir)
+	fmt.Fprintf(stdout, "next:\n  nats-server -c %s\n  %s serve --nats-url nats://%s --space %s --space-dir %s --dir <state dir>\n",
+		conf, invocation(), o.Listen, o.Space, o.SpaceDir)
 	return nil
 }
 
 func creds(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("creds", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("creds", "[flags]", stderr)
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
 	o := admin.DefaultCreds()
@@ -77,19 +77,32 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential")
 	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold")
 	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes")
-	out := fs.String("out", "", "the .creds file to write (0600)")
+	out := fs.String("out", "", "the .creds file to write (0600; its directory is made 0700 if need be), once its minted record is written")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *out == "" {
 		return fmt.Errorf("--out is required")
 	}
-	m, err := l.Keys()
+	m, url, err := located(l)
 	if err != nil {
 		return err
 	}
 	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
-	if err := admin.WriteCreds(*out, m, o, time.Now()); err != nil {
+	issued, err := admin.IssueCreds(m, o, time.Now())
+	if err != nil {
+		return err
+	}
+	// No record, no credential: the file is written only once its `minted` record is.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := admin.RecordCreds(ctx, m, url, issued); err != nil {
+		return fmt.Errorf("%s not written: its minted record could not be: %w", *out, err)
+	}
+	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+		return err
+	}
+	if err := files.WriteAtomic(*out, issued.Data, files.Private); err != nil {
 		return err
 	}
 	if o.Role == admin.RoleAuditor {
@@ -104,19 +117,19 @@ func creds(args []string, stdout, stderr io.Writer) error {
 }
 
 func grant(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("grant", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("grant", "[flags]", stderr)
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
-	scopeFlag := fs.String("scope", "\x00", "comma-separated scopes: supervise, admin, platform-admin ('' clears them)")
+	var scopeFlag given
+	fs.Var(&scopeFlag, "scope", "a comma-separated `list` of scopes: supervise, admin, platform-admin (required; '' clears them)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *scopeFlag == "\x00" {
+	if !scopeFlag.set {
 		return fmt.Errorf("--scope is required (use --scope '' to clear a principal's scopes)")
 	}
 	var scope []string
-	for _, s := range strings.Split(*scopeFlag, ",") {
+	for _, s := range strings.Split(scopeFlag.value, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			scope = append(scope, s)
 		}
@@ -141,8 +154,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 
 // nkeysCmd generates the five duty nkeys of one manager instance and prints a prepare body.
 func nkeysCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("nkeys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("nkeys", "[flags]", stderr)
 	out := fs.String("out", "", "directory for the five seeds (0600) and prepare.json")
 	spaceName := fs.String("space", "default", "space name")
 	actor := fs.String("actor", "cli", "the actor of the principal that will send the prepare")
@@ -157,5 +169,19 @@ func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s\n", body)
+	return nil
+}
+
+// given is a string flag that knows whether it was given: `--scope ”` is a value, not its
+// absence. It has no default to show.
+type given struct {
+	value string
+	set   bool
+}
+
+func (g *given) String() string { return g.value }
+
+func (g *given) Set(s string) error {
+	g.value, g.set = s, true
 	return nil
 }

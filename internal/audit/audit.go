@@ -1,7 +1,9 @@
 // Package audit writes the plane's decisions: every mint, refusal and discard past the reply
 // check and the rate limit is one structured log line and one record (`minted` records in the
-// minted stream, the rest in the audit stream). Records name keys by their public part only;
-// no seed, JWT, proof or bearer ever reaches them.
+// minted stream, the rest in the audit stream). The audit stream is shared by every owner, so
+// each owner has a budget of full records per decision and minute; past it, its records are
+// counted in one summary record. Records name keys by their public part only; no seed, JWT,
+// proof or bearer ever reaches them.
 package audit
 
 import (
@@ -27,19 +29,26 @@ type Appender interface {
 
 // Writer writes decisions.
 type Writer struct {
+	// PerMinute is how many full records of each decision one owner gets a minute in this
+	// process (DefaultPerMinute when 0); past it, that owner's records of the decision are
+	// counted in one summary record for the minute. Set it before the first record.
+	PerMinute int
+	// Summarized, when set, is told of each record counted in a summary instead of written.
+	Summarized func(decision string)
+
 	space string
 	out   Appender
 	log   *slog.Logger
 	now   func() time.Time
 
-	// budget bounds the full `refused` records of each owner.
-	mu     sync.Mutex
-	owners map[string]*window
+	// windows are the budgets of the minute, one per owner and decision.
+	mu      sync.Mutex
+	windows map[budgetKey]*window
 }
 
 // New returns a writer for space.
 func New(space string, out Appender, log *slog.Logger, now func() time.Time) *Writer {
-	return &Writer{space: space, out: out, log: log, now: now, owners: map[string]*window{}}
+	return &Writer{space: space, out: out, log: log, now: now, windows: map[budgetKey]*window{}}
 }
 
 // Request identifies the request a decision is about. Only what passed its grammar is set: a
@@ -90,11 +99,16 @@ type Decision struct {
 	Credentials []Credential `json:"credentials,omitempty"`
 	// Assignment is the platform supervisor assignment an `assigned` or `ended` record is about.
 	Assignment *Assignment `json:"assignment,omitempty"`
-	// Revoked are the user nkeys an `ended` record put on the data account's revocation set.
-	Revoked []string `json:"revoked,omitempty"`
+	// Revoked are the user nkeys an `ended` record revokes at the broker; Unrevoked those of them
+	// the broker is not known to revoke (past the revocation set's ceiling, no operator signing
+	// key, or not confirmed by the deadline).
+	Revoked   []string `json:"revoked,omitempty"`
+	Unrevoked []string `json:"unrevoked,omitempty"`
 	// Bearer is the bearer an `exchanged` record is about.
 	Bearer *Bearer `json:"bearer,omitempty"`
-	At     int64   `json:"at"` // milliseconds
+	// Subject is the run-start an `admitted` record's run was admitted from.
+	Subject string `json:"subject,omitempty"`
+	At      int64  `json:"at"` // milliseconds
 }
 
 // Assignment names a platform supervisor assignment in a record: the owner it acts for, the
@@ -123,23 +137,40 @@ const (
 	Assigned  = "assigned"
 	Ended     = "ended"
 	Exchanged = "exchanged"
+	// Admitted and Revoked record a run's admission and its revocation.
+	Admitted = "admitted"
+	Revoked  = "revoked"
 	// RefusedSummary counts, by code, one owner's refusals of one minute past its budget.
-	RefusedSummary = "refused-summary"
+	RefusedSummary = Refused + summarySuffix
 )
 
-// Bounds of the refused records (DESIGN §5): one caller once evicted the whole audit history
-// with oversized bodies echoed into its refusals.
+// SummaryOf is the decision of the record that counts one owner's records of decision past
+// its budget of the minute: `<decision>-summary` (RefusedSummary for refusals).
+func SummaryOf(decision string) string { return decision + summarySuffix }
+
+const summarySuffix = "-summary"
+
+// Bounds of the audit stream (docs/PROTOCOL.md, "Conventions"; docs/SECURITY.md): one caller once evicted the whole audit history
+// with oversized bodies echoed into its refusals, and one agent could evict it with its
+// successful exchanges.
 const (
 	// MaxRefusedRecord is the largest `refused` record, in bytes.
 	MaxRefusedRecord = 1024
-	// RefusedPerMinute is how many full `refused` records one owner gets a minute; its
-	// refusals past them are counted in one RefusedSummary record for the minute.
-	RefusedPerMinute = 60
+	// DefaultPerMinute is how many full records of each decision one owner gets a minute;
+	// its records past them are counted in one summary record (SummaryOf) for the minute.
+	DefaultPerMinute = 60
 	// budgetWindow is the span of an owner's budget.
 	budgetWindow = time.Minute
 )
 
-// Summary is a RefusedSummary record, on `cotal.<space>.audit.refused-summary.<owner>._`.
+// Anonymous is the owner whose budget every record without a principal shares: a refusal of
+// an HTTP door or the auth callout before its caller was known (caller `_._`). A peer's address
+// is not an owner: one who can change it would mint budgets at will.
+const Anonymous = "_"
+
+// Summary is a summary record, on `cotal.<space>.audit.<decision>-summary.<owner>._`: what one
+// owner's records of one decision past its budget of one minute would have said, counted by
+// refusal code (refused, discarded) or, for a decision without a code, under the decision.
 type Summary struct {
 	V        int    `json:"v"`
 	Decision string `json:"decision"`
@@ -151,18 +182,22 @@ type Summary struct {
 	At     int64          `json:"at"`
 }
 
-// window is one owner's budget for the minute that began at start.
+// budgetKey names one budget: an owner's records of one decision.
+type budgetKey struct{ owner, decision string }
+
+// window is one budget for the minute that began at start.
 type window struct {
 	start  time.Time
 	full   int
 	counts map[string]int
 }
 
-// Minted writes one `minted` record per credential, before the mint commits, all at once: each
-// waits for its own ack, none for another's. A write of unknown outcome is retried until ctx
-// ends, each record under the message id mintID.<nkey>, so a retry that meets a write that did
-// land adds no second record. An error means the mint must not commit.
-func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mintID string) error {
+// Minted writes one `minted` record per credential, filed under instance iid (the instance
+// the keys are claimed by: what an end of it revokes), before the mint commits, all at once:
+// each waits for its own ack, none for another's. A write of unknown outcome is retried until
+// ctx ends, each record under the message id mintID.<nkey>, so a retry that meets a write that
+// did land adds no second record. An error means the mint must not commit.
+func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Credential, mintID string) error {
 	at := w.now().UnixMilli()
 	errs := make([]error, len(creds))
 	var wg sync.WaitGroup
@@ -172,7 +207,7 @@ func (w *Writer) Minted(ctx context.Context, req Request, creds []Credential, mi
 			return err
 		}
 		write := func() {
-			subject := subjects.MintedSubject(w.space, req.InstanceID, c.NKey)
+			subject := subjects.MintedSubject(w.space, iid, c.NKey)
 			if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
 				w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
 				errs[i] = fmt.Errorf("record minted %s: %w", c.NKey, err)
@@ -220,9 +255,15 @@ func (w *Writer) Assigned(ctx context.Context, req Request, a Assignment) {
 }
 
 // Ended records the end of a platform supervisor assignment: why (reason, as the caller gave
-// it, at most fault.MaxMessage bytes), and every credential key it revoked.
-func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked []string) {
-	w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked}, nil)
+// it, at most fault.MaxMessage bytes), every credential key it revoked, and those of them the
+// broker is not known to revoke.
+//
+// An end that could not revoke every key is the one record of which keys stay live until their
+// clamp, so it is written in full whatever its owner's budget (only ends past the revocation
+// set's ceiling, or without the operator signing key, write one), and its error returned: the
+// end is not over until it is on record.
+func (w *Writer) Ended(ctx context.Context, req Request, a Assignment, reason string, revoked, unrevoked []string) error {
+	return w.record(ctx, Decision{Decision: Ended, Request: req, Assignment: &a, Message: fault.Clip(reason, fault.MaxMessage), Revoked: revoked, Unrevoked: unrevoked}, nil)
 }
 
 // Exchanged records a bearer issued by /exchange to the caller of req.
@@ -230,58 +271,61 @@ func (w *Writer) Exchanged(ctx context.Context, req Request, b Bearer) {
 	w.record(ctx, Decision{Decision: Exchanged, Request: req, Bearer: &b}, nil)
 }
 
-// Refused records a request refused before anything was signed: in full while the caller's
-// owner is within its budget of the minute, otherwise counted for the minute's summary. A
-// record is at most MaxRefusedRecord bytes.
+// Refused records a request refused before anything was signed. A record is at most
+// MaxRefusedRecord bytes.
 func (w *Writer) Refused(ctx context.Context, req Request, refusal *fault.Error) {
-	owner, _, ok := subjects.SplitPrincipal(req.Caller)
-	if !ok {
-		owner = "_"
-	}
-	admitted, ended := w.admit(owner, string(refusal.Code))
-	if ended != nil {
-		w.summarize(ctx, owner, ended)
-	}
-	if admitted {
-		w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
-	}
+	w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
 }
 
-// admit takes one full record from owner's budget; false means the refusal was counted
-// instead. A window that ended is handed back to be summarized.
-func (w *Writer) admit(owner, code string) (admitted bool, ended *window) {
+// ownerOf is the owner whose budget a record of caller is charged to: the caller's own, or
+// Anonymous for a caller that is not a principal.
+func ownerOf(caller string) string {
+	if owner, _, ok := subjects.SplitPrincipal(caller); ok {
+		return owner
+	}
+	return Anonymous
+}
+
+// admit takes one full record of decision from owner's budget; false means the record was
+// counted under key instead. A window that ended is handed back to be summarized.
+func (w *Writer) admit(owner, decision, key string) (admitted bool, ended *window) {
 	now := w.now()
+	limit := w.PerMinute
+	if limit <= 0 {
+		limit = DefaultPerMinute
+	}
+	k := budgetKey{owner, decision}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	win := w.owners[owner]
+	win := w.windows[k]
 	if win == nil || now.Sub(win.start) >= budgetWindow {
 		ended = win
 		win = &window{start: now, counts: map[string]int{}}
-		w.owners[owner] = win
+		w.windows[k] = win
 	}
-	if win.full < RefusedPerMinute {
+	if win.full < limit {
 		win.full++
 		return true, ended
 	}
-	win.counts[code]++
+	win.counts[key]++
 	return false, ended
 }
 
-// Flush writes the summary of every owner's window that has ended and forgets those windows,
-// so the budget's memory stays as small as the set of owners refused in the last minute.
+// Flush writes the summary of every window that has ended and forgets those windows, so the
+// budgets' memory stays as small as the set of owners recorded in the last minute.
 func (w *Writer) Flush(ctx context.Context) {
 	now := w.now()
-	ended := map[string]*window{}
+	ended := map[budgetKey]*window{}
 	w.mu.Lock()
-	for owner, win := range w.owners {
+	for k, win := range w.windows {
 		if now.Sub(win.start) >= budgetWindow {
-			ended[owner] = win
-			delete(w.owners, owner)
+			ended[k] = win
+			delete(w.windows, k)
 		}
 	}
 	w.mu.Unlock()
-	for owner, win := range ended {
-		w.summarize(ctx, owner, win)
+	for k, win := range ended {
+		w.summarize(ctx, k, win)
 	}
 }
 
@@ -295,7 +339,7 @@ func (w *Writer) Run(ctx context.Context) {
 			final, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			w.mu.Lock()
-			for _, win := range w.owners {
+			for _, win := range w.windows {
 				win.start = time.Time{} // every window ends now
 			}
 			w.mu.Unlock()
@@ -307,8 +351,8 @@ func (w *Writer) Run(ctx context.Context) {
 	}
 }
 
-// summarize writes owner's summary of win, if it counted anything past the budget.
-func (w *Writer) summarize(ctx context.Context, owner string, win *window) {
+// summarize writes the summary of k's window win, if it counted anything past the budget.
+func (w *Writer) summarize(ctx context.Context, k budgetKey, win *window) {
 	if len(win.counts) == 0 {
 		return
 	}
@@ -316,20 +360,37 @@ func (w *Writer) summarize(ctx context.Context, owner string, win *window) {
 	for _, n := range win.counts {
 		total += n
 	}
-	sum := Summary{V: 1, Decision: RefusedSummary, Owner: owner, From: win.start.UnixMilli(), To: w.now().UnixMilli(), Counts: win.counts, At: w.now().UnixMilli()}
-	w.log.Warn("refusals past the owner's record budget, counted", "owner", owner, "refused", total, "counts", win.counts)
+	decision := SummaryOf(k.decision)
+	sum := Summary{V: 1, Decision: decision, Owner: k.owner, From: win.start.UnixMilli(), To: w.now().UnixMilli(), Counts: win.counts, At: w.now().UnixMilli()}
+	w.log.Warn("records past the owner's budget, counted", "owner", k.owner, "decision", k.decision, "counted", total, "counts", win.counts)
 	data, err := body.Encode(sum)
 	if err == nil {
-		err = w.out.Append(ctx, subjects.AuditSubject(w.space, RefusedSummary, owner, "_"), data, "")
+		err = w.out.Append(ctx, subjects.AuditSubject(w.space, decision, k.owner, "_"), data, "")
 	}
 	if err != nil {
-		w.log.Error("audit summary not written", "owner", owner, "err", err)
+		w.log.Error("audit summary not written", "owner", k.owner, "decision", k.decision, "err", err)
 	}
 }
 
-// record writes an audit decision and its log line. A failed write is logged; the decision
+// record writes an audit decision and its log line while the caller's owner is within its
+// budget of the minute for the decision; past it, the decision is counted for the minute's
+// summary instead (by its code, or under its own name). A failed write is logged; the decision
 // itself stands.
-func (w *Writer) record(ctx context.Context, d Decision, cause error) {
+func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
+	owner, key := ownerOf(d.Caller), d.Code
+	if key == "" {
+		key = d.Decision
+	}
+	admitted, ended := w.admit(owner, d.Decision, key)
+	if ended != nil {
+		w.summarize(ctx, budgetKey{owner, d.Decision}, ended)
+	}
+	if !admitted && len(d.Unrevoked) == 0 {
+		if w.Summarized != nil {
+			w.Summarized(d.Decision)
+		}
+		return nil
+	}
 	d.V, d.At = 1, w.now().UnixMilli()
 	attrs := append(d.Request.attrs(), "code", d.Code, "message", d.Message)
 	if a := d.Assignment; a != nil {
@@ -338,8 +399,14 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	if len(d.Revoked) > 0 {
 		attrs = append(attrs, "revoked", d.Revoked)
 	}
+	if len(d.Unrevoked) > 0 {
+		attrs = append(attrs, "unrevoked", d.Unrevoked)
+	}
 	if b := d.Bearer; b != nil {
 		attrs = append(attrs, slog.Group("bearer", "view", b.View, "agent", b.Agent, "exp", b.Exp))
+	}
+	if d.Subject != "" {
+		attrs = append(attrs, "subject", d.Subject)
 	}
 	attrs = append(attrs, credentialAttrs(d.Credentials)...)
 	level := slog.LevelInfo
@@ -368,6 +435,7 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) {
 	if err != nil {
 		w.log.Error("audit record not written", append(d.Request.attrs(), "decision", d.Decision, "err", err)...)
 	}
+	return err
 }
 
 func credentialAttrs(creds []Credential) []any {

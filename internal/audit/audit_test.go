@@ -42,7 +42,7 @@ func records(out *storetest.Stream, decision, owner string) []storetest.Msg {
 func TestAnOwnersRefusalsPastItsBudgetAreCountedInOneSummaryAMinute(t *testing.T) {
 	w, out, c := newWriter()
 	ctx := context.Background()
-	for i := range RefusedPerMinute + 15 {
+	for i := range DefaultPerMinute + 15 {
 		code := fault.BadRequest
 		if i%3 == 0 {
 			code = fault.PermissionDenied
@@ -50,8 +50,8 @@ func TestAnOwnersRefusalsPastItsBudgetAreCountedInOneSummaryAMinute(t *testing.T
 		w.Refused(ctx, Request{Endpoint: "manager-authority", Caller: ownerA + ".cli"}, fault.New(code, "no"))
 	}
 	w.Refused(ctx, Request{Endpoint: "manager-authority", Caller: ownerB + ".cli"}, fault.New(fault.BadRequest, "no"))
-	if got := len(records(out, Refused, ownerA)); got != RefusedPerMinute {
-		t.Fatalf("owner A: got %d full records, want %d", got, RefusedPerMinute)
+	if got := len(records(out, Refused, ownerA)); got != DefaultPerMinute {
+		t.Fatalf("owner A: got %d full records, want %d", got, DefaultPerMinute)
 	}
 	if got := len(records(out, Refused, ownerB)); got != 1 {
 		t.Fatalf("owner B: got %d full records, want its own budget untouched", got)
@@ -82,7 +82,7 @@ func TestAnOwnersRefusalsPastItsBudgetAreCountedInOneSummaryAMinute(t *testing.T
 	}
 	// A new minute: a new budget, and the old window is forgotten.
 	w.Refused(ctx, Request{Endpoint: "manager-authority", Caller: ownerA + ".cli"}, fault.New(fault.BadRequest, "no"))
-	if got := len(records(out, Refused, ownerA)); got != RefusedPerMinute+1 {
+	if got := len(records(out, Refused, ownerA)); got != DefaultPerMinute+1 {
 		t.Fatalf("the next minute: got %d full records, want one more", got)
 	}
 }
@@ -90,7 +90,7 @@ func TestAnOwnersRefusalsPastItsBudgetAreCountedInOneSummaryAMinute(t *testing.T
 func TestAWindowThatRollsOverIsSummarizedByTheNextRefusal(t *testing.T) {
 	w, out, c := newWriter()
 	ctx := context.Background()
-	for range RefusedPerMinute + 1 {
+	for range DefaultPerMinute + 1 {
 		w.Refused(ctx, Request{Caller: ownerA + ".cli"}, fault.New(fault.BadRequest, "no"))
 	}
 	c.t = c.t.Add(2 * time.Minute)
@@ -116,5 +116,87 @@ func TestARefusedRecordIsAtMostOneKiB(t *testing.T) {
 	last := records(out, Refused, ownerA)[1]
 	if strings.Contains(string(last.Data), `\u003c`) {
 		t.Fatalf("got %s, want < written as itself", last.Data)
+	}
+}
+
+// Every decision has its own budget per owner and minute, successes included: past it, the
+// owner's records of that decision are counted in one `<decision>-summary` record, by code or
+// under the decision's name, and the writer is told of each one counted.
+func TestEveryDecisionPastItsOwnersBudgetIsCountedInItsSummary(t *testing.T) {
+	refusal := fault.New(fault.Conflict, "moved")
+	a := Assignment{Owner: ownerB, State: "assigned", Revision: 1}
+	for _, tc := range []struct {
+		decision string
+		write    func(w *Writer, req Request)
+		key      string
+	}{
+		{Refused, func(w *Writer, req Request) { w.Refused(context.Background(), req, refusal) }, "conflict"},
+		{Discarded, func(w *Writer, req Request) { w.Discarded(context.Background(), req, nil, refusal) }, "conflict"},
+		{Exchanged, func(w *Writer, req Request) { w.Exchanged(context.Background(), req, Bearer{View: "caller", Exp: 1}) }, Exchanged},
+		{Assigned, func(w *Writer, req Request) { w.Assigned(context.Background(), req, a) }, Assigned},
+		{Ended, func(w *Writer, req Request) { w.Ended(context.Background(), req, a, "over", nil, nil) }, Ended},
+	} {
+		t.Run(tc.decision, func(t *testing.T) {
+			w, out, c := newWriter()
+			w.PerMinute = 5
+			counted := map[string]int{}
+			w.Summarized = func(d string) { counted[d]++ }
+			for range 12 {
+				tc.write(w, Request{Endpoint: "e", Caller: ownerA + ".cli"})
+			}
+			tc.write(w, Request{Endpoint: "e", Caller: ownerB + ".cli"})
+			if got := len(records(out, tc.decision, ownerA)); got != 5 {
+				t.Fatalf("owner A: got %d full %s records, want its budget of 5", got, tc.decision)
+			}
+			if got := len(records(out, tc.decision, ownerB)); got != 1 {
+				t.Fatalf("owner B: got %d full %s records, want 1: its budget is its own", got, tc.decision)
+			}
+			if tc.decision != Refused {
+				// Another decision of the same owner has its own budget.
+				w.Refused(context.Background(), Request{Endpoint: "e", Caller: ownerA + ".other"}, fault.New(fault.BadRequest, "no"))
+				if len(records(out, Refused, ownerA)) != 1 {
+					t.Fatalf("owner A's refusal after a flood of %s: not written in full, want its own budget", tc.decision)
+				}
+			}
+			if counted[tc.decision] != 7 {
+				t.Fatalf("counted: got %v, want 7 %s", counted, tc.decision)
+			}
+			c.t = c.t.Add(time.Minute)
+			w.Flush(context.Background())
+			sums := records(out, SummaryOf(tc.decision), ownerA)
+			if len(sums) != 1 {
+				t.Fatalf("got %d summaries of owner A, want one", len(sums))
+			}
+			var s Summary
+			if err := json.Unmarshal(sums[0].Data, &s); err != nil {
+				t.Fatal(err)
+			}
+			if s.Decision != SummaryOf(tc.decision) || s.Owner != ownerA || len(s.Counts) != 1 || s.Counts[tc.key] != 7 {
+				t.Fatalf("got summary %+v, want 7 counted under %q", s, tc.key)
+			}
+			if len(records(out, SummaryOf(tc.decision), ownerB)) != 0 {
+				t.Fatal("owner B, within its budget, got a summary")
+			}
+		})
+	}
+}
+
+// A record without a principal (a door's refusal before its caller was known) is charged to
+// the one Anonymous owner, whatever it claims: such records cannot mint budgets.
+func TestRecordsWithoutAPrincipalShareTheAnonymousBudget(t *testing.T) {
+	w, out, c := newWriter()
+	w.PerMinute = 3
+	for _, caller := range []string{"_._", "_._", "", "not a principal", "u_x.cli"} {
+		w.Refused(context.Background(), Request{Endpoint: "exchange", Caller: caller}, fault.New(fault.Unauthenticated, "no"))
+	}
+	if got := len(records(out, Refused, Anonymous)); got != 3 {
+		t.Fatalf("got %d full anonymous records, want the budget of 3", got)
+	}
+	c.t = c.t.Add(time.Minute)
+	w.Flush(context.Background())
+	sums := records(out, RefusedSummary, Anonymous)
+	var s Summary
+	if len(sums) != 1 || json.Unmarshal(sums[0].Data, &s) != nil || s.Owner != Anonymous || s.Counts["unauthenticated"] != 2 {
+		t.Fatalf("got %d anonymous summaries (%+v), want one counting 2", len(sums), s)
 	}
 }

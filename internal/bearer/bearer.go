@@ -1,4 +1,4 @@
-// Package bearer is the plane's bearer issuer (DESIGN §7): Ed25519 keys (kid = the RFC 7638
+// Package bearer is the plane's bearer issuer (docs/PROTOCOL.md, "The HTTP face"): Ed25519 keys (kid = the RFC 7638
 // thumbprint) kept in one row of the keys bucket that every replica shares, the EdDSA bearers
 // /exchange hands out and the auth callout accepts, the public key set /jwks serves, and key
 // rotation with its retire floor.
@@ -21,9 +21,9 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/rows"
 )
 
 // Bounds of bearers and keys.
@@ -85,9 +85,13 @@ func New(kv fence.KV, now func() time.Time) *Keys {
 	return &Keys{now: now, set: fence.New(kv, setKey, parseSet, func(s *keySet) { s.Nonce = ids.Nonce() })}
 }
 
+// maxKeySetRow bounds the stored key set: the active key and those retired within the
+// publication period, a few KiB each.
+const maxKeySetRow = 256 << 10
+
 func parseSet(data []byte) (keySet, error) {
 	var s keySet
-	if err := body.Decode(data, &s); err != nil {
+	if err := rows.Decode(data, &s, maxKeySetRow); err != nil {
 		return keySet{}, err
 	}
 	if s.V != 1 || !slices.ContainsFunc(s.Keys, func(k stored) bool { return k.KID == s.Active && k.Stopped == 0 }) {

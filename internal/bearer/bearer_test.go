@@ -255,3 +255,62 @@ func TestABearerOfAKeyRotatedInElsewhereValidatesAtOnce(t *testing.T) {
 		t.Fatalf("a bearer of a key no set here publishes: got %v, want it refused", err)
 	}
 }
+
+// A JWT's times are whole seconds: a bearer asked for ttl lives at least ttl from the moment it
+// is issued, whatever the fraction of that second (truncated, `ttlSec: 1` at x.999 s left a
+// millisecond), and never more than MaxTTL past its iat.
+func TestABearerLivesAtLeastItsTTLAndAtMostFifteenMinutes(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		frac time.Duration
+		ttl  time.Duration
+	}{
+		{"one second, late in the second", 999 * time.Millisecond, time.Second},
+		{"one second, on the second", 0, time.Second},
+		{"a fraction past a second", 400 * time.Millisecond, 1500 * time.Millisecond},
+		{"the longest, late in the second", 999 * time.Millisecond, MaxTTL},
+		{"the longest, on the second", 0, MaxTTL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			k, c := newKeys(t)
+			c.t = c.t.Add(tt.frac)
+			issued := c.t
+			token, exp, err := k.Issue(ctx(t), "default", caller(), tt.ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := k.Validate(ctx(t), "default", token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.Expires.Equal(exp) {
+				t.Errorf("the bearer's exp: got %s, want the %s Issue returned", got.Expires, exp)
+			}
+			if life := exp.Sub(issued); life < tt.ttl && (tt.ttl < MaxTTL || life < MaxTTL-time.Second) {
+				t.Errorf("issued at %s for %s: got exp %s, %s of life, want at least %s", issued.Format(time.StampMilli), tt.ttl, exp, life, tt.ttl)
+			}
+			if life := exp.Sub(got.IssuedAt); life > MaxTTL {
+				t.Errorf("got %s from iat to exp, want at most %s", life, MaxTTL)
+			}
+		})
+	}
+}
+
+// A ceiling (the IdP token's exp) bounds the bearer although its ttl was taken a moment before;
+// a ceiling already passed issues nothing.
+func TestABearerNeverOutlivesItsCeiling(t *testing.T) {
+	k, c := newKeys(t)
+	c.t = c.t.Add(700 * time.Millisecond)
+	ceiling := c.t.Add(10 * time.Second).Truncate(time.Second)
+	cl := caller()
+	cl.Expires = ceiling
+	// The ttl reached the ceiling at an earlier instant; rounded up from now it would pass it.
+	_, exp, err := k.Issue(ctx(t), "default", cl, ceiling.Sub(c.t.Add(-300*time.Millisecond)))
+	if err != nil || !exp.Equal(ceiling) {
+		t.Fatalf("got exp %s (%v), want the ceiling %s", exp, err, ceiling)
+	}
+	cl.Expires = c.t.Add(-time.Second)
+	if token, _, err := k.Issue(ctx(t), "default", cl, time.Second); err == nil {
+		t.Fatalf("a ceiling passed: got a bearer %q, want none", token[:16])
+	}
+}

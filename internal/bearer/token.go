@@ -17,7 +17,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Views a bearer may carry: what the connection the callout makes for it may do (DESIGN §6.8).
+// Views a bearer may carry: what the connection the callout makes for it may do (docs/PROTOCOL.md, "What each credential may do").
 const (
 	// ViewCaller is the default: a caller's permissions.
 	ViewCaller = "caller"
@@ -34,7 +34,8 @@ type Claims struct {
 	View  string
 	// Agent marks a bearer exchanged for an agent's secret.
 	Agent bool
-	// IssuedAt and Expires bound it.
+	// IssuedAt and Expires bound it. Given to Issue, a non-zero Expires is a ceiling on the
+	// bearer's exp (the IdP token's).
 	IssuedAt time.Time
 	Expires  time.Time
 }
@@ -61,7 +62,8 @@ type act struct {
 	Agent bool   `json:"agent,omitempty"`
 }
 
-// Issue signs a bearer for c in space with the active key, valid for ttl (1 s to MaxTTL).
+// Issue signs a bearer for c in space with the active key, valid for ttl (1 s to MaxTTL) and
+// not past c.Expires when that is set. It returns the bearer and its exp.
 func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Duration) (string, time.Time, error) {
 	if ttl < time.Second || ttl > MaxTTL {
 		return "", time.Time{}, fmt.Errorf("a bearer lives 1s to %s, not %s", MaxTTL, ttl)
@@ -82,18 +84,35 @@ func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Durat
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	// A JWT's times are whole seconds. iat is now's second, and exp the first second at or
+	// after now+ttl, so a bearer lives at least ttl (truncated, `ttlSec: 1` left with
+	// milliseconds, or nothing by the time it arrived); but at most MaxTTL past its iat, and
+	// never past the ceiling.
 	now := k.now()
-	exp := now.Add(ttl)
+	iat := time.Unix(now.Unix(), 0)
+	exp := time.Unix(now.Add(ttl).Unix(), 0)
+	if exp.Before(now.Add(ttl)) {
+		exp = exp.Add(time.Second)
+	}
+	if exp.After(iat.Add(MaxTTL)) {
+		exp = iat.Add(MaxTTL)
+	}
+	if ceiling := time.Unix(c.Expires.Unix(), 0); !c.Expires.IsZero() && exp.After(ceiling) {
+		exp = ceiling
+	}
+	if !exp.After(now) {
+		return "", time.Time{}, fmt.Errorf("a bearer must outlive its issue: its ceiling %s has passed", c.Expires.UTC().Format(time.RFC3339))
+	}
 	scope := c.Scope
 	if scope == nil {
 		scope = []string{}
 	}
-	token, err := jwt.Signed(signer).Claims(wire{Iss: subjects.Issuer(space), Aud: space, Sub: c.Owner, Iat: now.Unix(), Nbf: now.Unix(),
+	token, err := jwt.Signed(signer).Claims(wire{Iss: subjects.Issuer(space), Aud: space, Sub: c.Owner, Iat: iat.Unix(), Nbf: iat.Unix(),
 		Exp: exp.Unix(), Ver: 1, JTI: ids.Nonce(), Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	return token, time.Unix(exp.Unix(), 0), nil
+	return token, exp, nil
 }
 
 // check refuses claims a bearer must never carry.

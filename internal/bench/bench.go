@@ -112,8 +112,8 @@ func (c Config) Validate() error {
 
 func (c Config) validateEnds() []error {
 	var p []error
-	if len(c.EndFill) == 0 || !slices.IsSorted(c.EndFill) || c.EndFill[0] < 0 || c.EndFill[len(c.EndFill)-1] > 100_000 {
-		p = append(p, fmt.Errorf("--end-fill %v: want sizes from 0 to 100000 in ascending order", c.EndFill))
+	if len(c.EndFill) == 0 || slices.ContainsFunc(c.EndFill, func(f int) bool { return f < FillMax || f > 1_000_000 }) {
+		p = append(p, fmt.Errorf("--end-fill %v: want sizes from 0 in ascending order, or max", c.EndFill))
 	}
 	if len(c.EndConcurrency) == 0 || slices.Min(c.EndConcurrency) < 1 || slices.Max(c.EndConcurrency) > 256 {
 		p = append(p, fmt.Errorf("--end-concurrency %v: want 1 to 256 each", c.EndConcurrency))
@@ -142,6 +142,8 @@ type Target struct {
 	MaxConnections int64
 	// HTTPURL is the plane's loopback HTTP face; its metrics count the callout's answers.
 	HTTPURL string
+	// RevocationCapacity is the most keys the data account's revocation set holds.
+	RevocationCapacity int
 }
 
 // Phase is what one measured phase counted. Rates count successful requests only; refusals

@@ -13,10 +13,14 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/subjects"
 )
+
+// FillMax in Config.EndFill (`--end-fill max`) is the largest size below the set's capacity
+// that leaves room for the phase's own ends.
+const FillMax = -1
 
 // endTimeout bounds one end as the platform admin waits for it: past the plane's own request
 // deadline, so the plane's answer (a refusal at its deadline) is what is counted.
@@ -56,8 +60,13 @@ func runEnds(ctx context.Context, t Target, s *side, cfg Config, progress io.Wri
 		return nil, err
 	}
 	defer admin.cli.Close()
+	fills, err := resolveFill(cfg, t.RevocationCapacity)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "bench: ends: the revocation set holds at most %d keys; filling it to %v\n", t.RevocationCapacity, fills)
 	var cells []EndCell
-	for _, fill := range cfg.EndFill {
+	for _, fill := range fills {
 		if err := fillSet(ctx, t, s, fill); err != nil {
 			return cells, fmt.Errorf("fill the revocation set to %d keys: %w", fill, err)
 		}
@@ -75,7 +84,7 @@ func runEnds(ctx context.Context, t Target, s *side, cfg Config, progress io.Wri
 }
 
 // fillSet puts made-up user keys on the data account's revocation set until the account JWT
-// every server holds revokes at least fill keys. It goes through the set's own Apply, as an
+// every server holds revokes at least fill keys. It goes through the set's own Revoke, as an
 // end does: the keys join the row, the account JWT is signed and pushed, and every server's
 // copy is read back.
 func fillSet(ctx context.Context, t Target, s *side, fill int) error {
@@ -99,26 +108,55 @@ func fillSet(ctx context.Context, t Target, s *side, fill int) error {
 	if err != nil {
 		return err
 	}
-	revocations := &supervisor.Revocations{
+	set := &revocation.Set{
 		Gates:   gates,
 		Account: t.Keys.Data.Public(),
-		Sign: func(revoked map[string]int64) (string, error) {
+		Sign: func(revoked map[string]int64) (string, int64, error) {
 			// What the plane signs: its limits, and the set.
 			return t.Keys.DataAccountJWT(space.DataPolicy{MaxConnections: t.MaxConnections, Revocations: revoked})
 		},
-		Broker: s.data,
-		Now:    time.Now,
+		Broker:   s.data,
+		Now:      time.Now,
+		Capacity: t.RevocationCapacity,
 	}
-	actx, cancel := context.WithTimeout(ctx, time.Minute)
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	applied, err := revocations.Apply(actx, keys, false)
+	out, err := set.Revoke(rctx, keys)
 	if err != nil {
 		return err
 	}
-	if !applied.Done {
-		return errors.New(applied.Reason)
+	if !out.Done() {
+		return fmt.Errorf("%d keys not revoked: %s", len(out.Unrevoked), out.Reason)
 	}
 	return nil
+}
+
+// keysPerEnd is how many keys an end of the phase adds to the set: its lifecycle's five duty
+// keys, minted by the supervised prepare and activate.
+const keysPerEnd = 5
+
+// resolveFill turns the fills of cfg into sizes: FillMax is the largest that leaves room on
+// the set for the keys of every end the phase runs.
+func resolveFill(cfg Config, capacity int) ([]int, error) {
+	ends := 0
+	for _, c := range cfg.EndConcurrency {
+		ends += c * cfg.EndRounds
+	}
+	room := capacity - keysPerEnd*ends // the keys of earlier sizes' ends count toward a size
+	var out []int
+	for _, f := range cfg.EndFill {
+		if f == FillMax {
+			f = room
+		}
+		if f < 0 || f > room {
+			return nil, fmt.Errorf("--end-fill %d: the set holds at most %d keys, and the phase's ends add up to %d", f, capacity, capacity-room)
+		}
+		out = append(out, f)
+	}
+	if !slices.IsSorted(out) {
+		return nil, fmt.Errorf("--end-fill %v: want ascending sizes", out)
+	}
+	return out, nil
 }
 
 // lifecycle is one owner's supervised manager, ready to be ended.

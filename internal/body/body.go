@@ -28,8 +28,12 @@ var rawType = reflect.TypeFor[json.RawMessage]()
 // It reads the body in one pass (after a check of its UTF-8), checking the JSON grammar, the
 // closed schema and the types as it fills v. A body that is not JSON is refused as such even
 // when a field before the fault was already refused: only then is the body read a second time.
-func Decode(data []byte, v any) error {
-	if err := outer(data); err != nil {
+func Decode(data []byte, v any) error { return DecodeLimit(data, v, MaxBytes) }
+
+// DecodeLimit is Decode with limit bytes for MaxBytes: for a stored row, which the plane wrote
+// and whose size its type bounds (package rows).
+func DecodeLimit(data []byte, v any, limit int) error {
+	if err := outer(data, limit); err != nil {
 		return err
 	}
 	rv := reflect.ValueOf(v)
@@ -57,9 +61,9 @@ func Decode(data []byte, v any) error {
 }
 
 // outer applies the checks every body gets before it is read: its size and its UTF-8.
-func outer(data []byte) error {
-	if len(data) > MaxBytes {
-		return fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), MaxBytes)
+func outer(data []byte, limit int) error {
+	if len(data) > limit {
+		return fault.New(fault.BadRequest, "body is %d bytes, over the limit of %d", len(data), limit)
 	}
 	if !utf8.Valid(data) {
 		return fault.New(fault.BadRequest, "body is not valid UTF-8")
@@ -120,7 +124,7 @@ func join(path, key string) string {
 // exactly; when the key repeats, the last one counts (the closed parse refuses the repeat). A
 // missing key is "", a non-string one a refusal.
 func Peek(data []byte, key string) (string, error) {
-	if err := outer(data); err != nil {
+	if err := outer(data, MaxBytes); err != nil {
 		return "", err
 	}
 	d := decoder{data: data}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -114,15 +115,29 @@ func (b *Broker) Shutdown() {
 	b.srv.WaitForShutdown()
 }
 
-// logAdapter sends the server's log lines to slog: notices at debug, the rest at their level.
+// logAdapter sends the server's log lines to slog: notices at debug, a client connection's
+// errors at warn, the rest at their level.
 type logAdapter struct{ l *slog.Logger }
+
+// clientLine is the start of a line the server logs about one client connection (its address,
+// then `cid:N`, `wid:N` for a websocket, `mid:N` for MQTT): a client's mistake (a permissions
+// violation, a refused authorization, a slow consumer) that the plane serves on, not the
+// broker's own failure.
+var clientLine = regexp.MustCompile(`^\S+ - (cid|wid|mid[a-z]*):\d+ `)
 
 func (a logAdapter) Noticef(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
 func (a logAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
 func (a logAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a logAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a logAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
-func (a logAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Errorf(format string, v ...any) {
+	line := fmt.Sprintf(format, v...)
+	if clientLine.MatchString(line) {
+		a.l.Warn(line)
+		return
+	}
+	a.l.Error(line)
+}
+func (a logAdapter) Debugf(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a logAdapter) Tracef(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
 
 // PushAccount sends account JWT token to every server of the cluster nc is connected to, as a
 // system-account user (`$SYS.REQ.ACCOUNT.<account>.CLAIMS.UPDATE`): a full resolver stores it

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/subjects"
@@ -59,7 +60,7 @@ func (a Account) Connections(ctx context.Context, nkey string, n int) (int, erro
 		var resp struct {
 			Data *struct {
 				Conns []struct {
-					AuthorizedUser string `json:"authorized_user"`
+					JWT string `json:"jwt"`
 				} `json:"connections"`
 			} `json:"data"`
 			Error *struct {
@@ -73,12 +74,24 @@ func (a Account) Connections(ctx context.Context, nkey string, n int) (int, erro
 			return 0, fmt.Errorf("list the connections of account %s: %s", a.Public, r)
 		}
 		for _, c := range resp.Data.Conns {
-			if c.AuthorizedUser == nkey {
+			if authenticatedAs(c.JWT, nkey) {
 				total++
 			}
 		}
 	}
 	return total, nil
+}
+
+// authenticatedAs reports whether a connection that presented the user JWT token (as the
+// server's connection listing shows it) is user nkey. The listing's user filter and its
+// authorized_user are the name a client sent beside its JWT, which anyone may set to another's
+// key: only the JWT the server accepted says who the connection is.
+func authenticatedAs(token, nkey string) bool {
+	if token == "" {
+		return false
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	return err == nil && uc.Subject == nkey
 }
 
 // Servers counts the servers of the cluster: every server answers a ping, and each answer

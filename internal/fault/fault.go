@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -15,7 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
-// Code is a stable refusal code from DESIGN §5.
+// Code is a stable refusal code of docs/PROTOCOL.md ("Replies and refusals").
 type Code string
 
 // The codes.
@@ -33,7 +34,7 @@ const (
 	Unimplemented      Code = "unimplemented"
 	Unavailable        Code = "unavailable"
 
-	// The HTTP face's own guards (DESIGN §7), before any body is judged.
+	// The HTTP face's own guards (docs/PROTOCOL.md, "The HTTP face"), before any body is judged.
 	MethodNotAllowed     Code = "method-not-allowed"
 	UnsupportedMediaType Code = "unsupported-media-type"
 	TooLarge             Code = "payload-too-large"
@@ -57,6 +58,16 @@ var wire = map[Code]struct{ numeric, status int }{
 	MethodNotAllowed:     {405, http.StatusMethodNotAllowed},
 	UnsupportedMediaType: {415, http.StatusUnsupportedMediaType},
 	TooLarge:             {413, http.StatusRequestEntityTooLarge},
+}
+
+// Codes returns every code in the table, sorted.
+func Codes() []Code {
+	codes := make([]Code, 0, len(wire))
+	for c := range wire {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	return codes
 }
 
 // Known reports whether c is in the table.
@@ -99,7 +110,7 @@ func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Cause }
 
-// Echoes are bounded (DESIGN §5): a caller's value is repeated in at most MaxQuote bytes, and
+// Echoes are bounded (docs/PROTOCOL.md, "Conventions"): a caller's value is repeated in at most MaxQuote bytes, and
 // a whole refusal message is at most MaxMessage bytes, whatever it quotes. A message travels in
 // the reply, the `Nats-Service-Error` header, micro's last_error, a log line and a record.
 const (

@@ -1,4 +1,4 @@
-// Package fence is the one fence primitive (DESIGN §2, §6.6): a typed row under one KV key,
+// Package fence is the one fence primitive (docs/SECURITY.md, "How"): a typed row under one KV key,
 // observed with a leader read and changed only by a compare-and-set at the revision observed.
 // Its one retry loop is bounded by the caller's deadline and paced with jitter; it speaks its
 // own errors, and the edge chooses the wire code.
@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/cotal-ai/authplane/internal/store"
 )
@@ -160,9 +159,18 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 	return o.put(ctx, data)
 }
 
-// Retries counts the writes retried by every fence of this process (a lost CAS, an unknown
-// outcome): what the plane's metrics export.
-var Retries atomic.Int64
+// RetryCounter is what a KV may also be to be told of every write a fence retries on it (a
+// lost CAS, an unknown outcome): the plane's stores count them for its metrics.
+type RetryCounter interface {
+	Retried()
+}
+
+// retried tells f's bucket, if it counts, of one retried write.
+func (f *Fence[T]) retried() {
+	if c, ok := f.kv.(RetryCounter); ok {
+		c.Retried()
+	}
+}
 
 // put is the one CAS loop: write data at the observed revision until it lands, the row
 // changes, or ctx ends. The first time a re-read finds the row as observed at a later
@@ -198,11 +206,11 @@ func (o *Observed[T]) put(ctx context.Context, data []byte) (*Observed[T], error
 			rev = now.Revision // unchanged: another mint's commit, or nothing landed
 			if !retried {
 				retried = true
-				Retries.Add(1)
+				f.retried()
 				continue
 			}
 		}
-		Retries.Add(1)
+		f.retried()
 		if perr := store.Pause(ctx, attempt); perr != nil {
 			if errors.Is(last, store.ErrUnknownOutcome) {
 				return nil, fmt.Errorf("write %s: %w: %w (gave up: %w)", f.key, ErrUnknownOutcome, last, perr)

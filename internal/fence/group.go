@@ -31,6 +31,13 @@ type Grouped struct {
 	queues map[string]*queue
 }
 
+// Retried tells the grouped bucket, if it counts, of a retried write.
+func (g *Grouped) Retried() {
+	if c, ok := g.KV.(RetryCounter); ok {
+		c.Retried()
+	}
+}
+
 // Group returns kv with its commits grouped.
 func Group(kv KV) *Grouped { return &Grouped{KV: kv, queues: map[string]*queue{}} }
 

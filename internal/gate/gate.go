@@ -11,9 +11,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -74,10 +74,13 @@ func Of(kv fence.KV, endpoint, iid string) *fence.Fence[Row] {
 	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse, func(r *Row) { r.Nonce = ids.Nonce() })
 }
 
+// MaxRow bounds a stored gate row.
+const MaxRow = 4 << 10
+
 // Parse decodes and checks a stored row.
 func Parse(data []byte) (Row, error) {
 	var r Row
-	if err := body.Decode(data, &r); err != nil {
+	if err := rows.Decode(data, &r, MaxRow); err != nil {
 		return Row{}, err
 	}
 	switch {

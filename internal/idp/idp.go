@@ -1,10 +1,9 @@
-// Package idp verifies the tokens of the identity provider a space trusts (DESIGN §7): EdDSA
+// Package idp verifies the tokens of the identity provider a space trusts (docs/PROTOCOL.md, "The HTTP face"): EdDSA
 // JWTs whose keys come from the IdP's JWKS, fetched over https (or http on a loopback IP literal)
 // and cached; and derives a subject's owner byte for byte as the original does.
 package idp
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -133,13 +132,11 @@ func (v *Verifier) claims(payload []byte) (Subject, error) {
 		Iss string          `json:"iss"`
 		Aud json.RawMessage `json:"aud"`
 		Sub json.RawMessage `json:"sub"`
-		Exp *json.Number    `json:"exp"`
-		Iat *json.Number    `json:"iat"`
-		Nbf *json.Number    `json:"nbf"`
+		Exp json.RawMessage `json:"exp"`
+		Iat json.RawMessage `json:"iat"`
+		Nbf json.RawMessage `json:"nbf"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.UseNumber()
-	if err := dec.Decode(&c); err != nil {
+	if err := json.Unmarshal(payload, &c); err != nil {
 		return Subject{}, errors.New("the token's claims are not a JSON object")
 	}
 	now := v.now()
@@ -148,16 +145,16 @@ func (v *Verifier) claims(payload []byte) (Subject, error) {
 		return Subject{}, errors.New("the token is not from the configured issuer")
 	case !audienceIs(c.Aud, v.cfg.Audience):
 		return Subject{}, errors.New("the token is not for the configured audience")
-	case c.Exp == nil:
+	case absent(c.Exp):
 		return Subject{}, errors.New("the token has no exp")
-	case c.Iat == nil:
+	case absent(c.Iat):
 		return Subject{}, errors.New("the token has no iat")
 	}
-	exp, err := seconds(*c.Exp)
+	exp, err := seconds(c.Exp)
 	if err != nil {
 		return Subject{}, fmt.Errorf("exp: %w", err)
 	}
-	iat, err := seconds(*c.Iat)
+	iat, err := seconds(c.Iat)
 	if err != nil {
 		return Subject{}, fmt.Errorf("iat: %w", err)
 	}
@@ -167,8 +164,8 @@ func (v *Verifier) claims(payload []byte) (Subject, error) {
 	case iat.After(now.Add(Skew)):
 		return Subject{}, errors.New("the token was issued in the future")
 	}
-	if c.Nbf != nil {
-		nbf, err := seconds(*c.Nbf)
+	if !absent(c.Nbf) {
+		nbf, err := seconds(c.Nbf)
 		if err != nil || nbf.After(now.Add(Skew)) {
 			return Subject{}, errors.New("the token is not valid yet")
 		}
@@ -230,11 +227,14 @@ func audienceIs(aud json.RawMessage, want string) bool {
 	return json.Unmarshal(aud, &list) == nil && len(list) == 1 && list[0] == want
 }
 
-// seconds reads a NumericDate.
-func seconds(n json.Number) (time.Time, error) {
-	f, err := n.Float64()
-	if err != nil || f < 0 || f > 1<<40 {
-		return time.Time{}, errors.New("not a time in seconds")
+// absent reports a claim that is missing or null.
+func absent(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// seconds reads a NumericDate: a JSON number, never a string that spells one (RFC 7519 §2).
+func seconds(raw json.RawMessage) (time.Time, error) {
+	var f float64
+	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') || json.Unmarshal(raw, &f) != nil || f < 0 || f > 1<<40 {
+		return time.Time{}, errors.New("not a number of seconds")
 	}
 	return time.Unix(int64(f), 0), nil
 }

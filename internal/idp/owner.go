@@ -12,7 +12,7 @@ import (
 // ownerEncoding is RFC 4648 base32, lowercase, unpadded: an owner token.
 var ownerEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// DeriveOwner is the owner of IdP subject sub of issuer (DESIGN §4): `u_` and the base32 of the
+// DeriveOwner is the owner of IdP subject sub of issuer (docs/PROTOCOL.md, "Subjects and callers"): `u_` and the base32 of the
 // first 16 bytes of HMAC-SHA256(secret, "cotal-owner-v1:" + JSON([issuer, sub])), the JSON
 // byte for byte what JavaScript's JSON.stringify writes, so an existing space's owners carry
 // over from the original.

@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// UID returns a fresh instance id or lifecycle uid (DESIGN §4): 26 base36 characters from 20
+// UID returns a fresh instance id or lifecycle uid (docs/PROTOCOL.md, "Subjects and callers"): 26 base36 characters from 20
 // random bytes, at least 128 bits of entropy.
 func UID() string {
 	s := new(big.Int).SetBytes(random(20)).Text(36)

@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -45,10 +45,13 @@ type record struct {
 }
 
 // identityFence is the create-only row of name's identity in kv, the secrets bucket of space.
+// maxRecord bounds a stored identity claim.
+const maxRecord = 1 << 10
+
 func identityFence(kv fence.KV, space, name string) *fence.Fence[record] {
 	return fence.New(kv, subjects.IdentityKey(name), func(data []byte) (record, error) {
 		var r record
-		if err := body.Decode(data, &r); err != nil {
+		if err := rows.Decode(data, &r, maxRecord); err != nil {
 			return record{}, err
 		}
 		if r.Ver != 1 || r.Space != space || r.Name != name || !subjects.ValidUID(r.InstanceID) {

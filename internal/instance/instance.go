@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -57,6 +58,35 @@ func Acquire(dir string) (*Lock, error) {
 		return nil, errors.Join(err, f.Close())
 	}
 	return &Lock{f: f}, nil
+}
+
+// Holder reports whether a process holds dir's lock, and its pid. A directory without a lock
+// file is held by nobody. It takes no lock that a starting plane would meet: a shared lock
+// probes the exclusive one for as long as the probe takes, and is dropped at once.
+func Holder(dir string) (pid int, held bool, err error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("state dir %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err == nil {
+		return 0, false, syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
+		return 0, false, fmt.Errorf("state dir %s: probe its lock: %w", dir, err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, true, fmt.Errorf("state dir %s: read its lock's pid: %w", dir, err)
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || pid <= 0 {
+		return 0, true, fmt.Errorf("state dir %s: its lock names no pid (%.32q)", dir, raw)
+	}
+	return pid, true, nil
 }
 
 // Release drops the lock.

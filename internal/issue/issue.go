@@ -1,4 +1,4 @@
-// Package issue is the one issuance pipeline (DESIGN §2, §6.2, §8). Every credential the plane
+// Package issue is the one issuance pipeline (docs/SECURITY.md, "How"). Every credential the plane
 // mints goes through Pipeline.Issue with a Plan: sign → validate → record `minted` → hook →
 // commit each fence in order → credentials; or, if anything after signing fails, `discarded`
 // and nothing. A credential is valid only if every commit of its plan landed, and every fence
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -23,8 +25,12 @@ import (
 // Grant is one credential a plan asks for.
 type Grant struct {
 	Duty subjects.Duty
-	// Key is the holder's public nkey; the plane never sees its seed.
+	// Key is the holder's public nkey; the plane never sees its seed. It is claimed for the
+	// plan's instance before the plan commits.
 	Key string
+	// Field names what named the key, for a refusal (`identities.supervisor`,
+	// `attempt.driverId`).
+	Field string
 	// Principal is the holder's `<owner>.<actor>`, the JWT's name.
 	Principal string
 	// TTL is the credential's lifetime, before the ceiling clamps it.
@@ -46,8 +52,12 @@ type Step struct {
 	// Fence names the fence (its key), for refusals and logs.
 	Fence string
 	// Commit commits the mint on the fence and returns the revision the fence landed at (0 for
-	// a step over several keys, such as an instance's identity claims).
+	// a step that is not one fence).
 	Commit func(ctx context.Context) (uint64, error)
+	// Release, when set, undoes what Commit did once a later step of the plan did not land
+	// (cause says why): what the mint took (a quota slot) is held only by mints that commit. It
+	// must be safe to run after a crash left the commit in place: the next attempt may land.
+	Release func(ctx context.Context, cause error) error
 }
 
 // Unchanged is the step that commits on fence o exactly as it was observed before signing. On
@@ -74,11 +84,24 @@ func revision[T any](o *fence.Observed[T], err error) (uint64, error) {
 	return o.Revision, nil
 }
 
+// Key is a key a plan binds to its instance beyond its grants' keys (a registration's
+// identities, which later mints sign), and what named it.
+type Key struct {
+	NKey  string
+	Field string
+}
+
 // Plan is one mint.
 type Plan struct {
+	// Instance is the manager instance the plan mints for: every key it signs or binds is
+	// claimed by it in the commit, and every `minted` record is filed under it. A plan that
+	// names none is refused before anything is signed.
+	Instance claim.Instance
 	// Request identifies who asked for what, for the records.
 	Request audit.Request
 	Grants  []Grant
+	// Binds are keys the plan claims for its instance without signing them now.
+	Binds   []Key
 	Ceiling Ceiling
 	Steps   []Step
 	// Hook, when set, runs after the credentials are signed and recorded `minted` and before
@@ -126,7 +149,8 @@ var ErrDiscarded = errors.New("mint discarded")
 // Recorder writes the pipeline's two decisions: `minted` before any commit, `discarded` when a
 // signed mint does not commit.
 type Recorder interface {
-	Minted(ctx context.Context, req audit.Request, creds []audit.Credential, mintID string) error
+	// Minted files the records under instance iid.
+	Minted(ctx context.Context, iid string, req audit.Request, creds []audit.Credential, mintID string) error
 	LogMinted(req audit.Request, creds []audit.Credential)
 	Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error)
 }
@@ -135,7 +159,15 @@ type Recorder interface {
 type Pipeline struct {
 	Issuer *mint.Issuer
 	Audit  Recorder
-	Now    func() time.Time
+	// Claims are the claims on user nkeys: a key another instance claimed is refused before
+	// signing, and a new one claimed in the commit.
+	Claims *claim.Claims
+	// NewKeys, when set, is the budget of keys each owner claims anew. A claim is for life and
+	// every new key's `minted` record stays in the shared minted stream for its retention, so
+	// how many one owner creates in that time is bounded; a plan past it is refused
+	// resource-exhausted before it signs anything. Keys an instance already holds cost nothing.
+	NewKeys *KeyBudgets
+	Now     func() time.Time
 	// Limits bound every credential it mints (subscriptions, payload).
 	Limits mint.Limits
 	// Fenced reports that this plane was fenced by a newer registration of its own instance; a
@@ -166,8 +198,11 @@ func (p *Pipeline) expired(out *Issued) *fault.Error {
 // work ends a little before it, so the discard record still has time. A plan with no fence step
 // is refused: a credential that commits on nothing could outlive any fence.
 func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
-	if len(plan.Steps) == 0 || len(plan.Grants) == 0 {
+	switch {
+	case len(plan.Steps) == 0 || len(plan.Grants) == 0:
 		return nil, fault.New(fault.Internal, "a mint needs at least one grant and one fence to commit on")
+	case plan.Instance.IsZero():
+		return nil, fault.New(fault.Internal, "a mint needs the instance its keys are claimed by")
 	}
 	now := p.Now()
 	ceiling := plan.Ceiling.At
@@ -177,6 +212,14 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 	work, cancel := audit.Reserve(ctx)
 	defer cancel()
+	keys := plan.keys()
+	unclaimed, err := p.checkClaims(work, plan.Instance, keys)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.NewKeys.take(plan.Instance, len(unclaimed)); err != nil {
+		return nil, err
+	}
 
 	out := &Issued{At: now, Credentials: make([]Credential, 0, len(plan.Grants))}
 	recorded := make([]audit.Credential, 0, len(plan.Grants))
@@ -209,7 +252,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 	// Every nkey is on record before its commit, so an end can revoke all of them. If the
 	// records cannot be written, nothing commits.
-	if err := p.Audit.Minted(work, plan.Request, recorded, ids.Secret(12)); err != nil {
+	if err := p.Audit.Minted(work, plan.Instance.ID(), plan.Request, recorded, ids.Secret(12)); err != nil {
 		return discard(fault.Store(err, "recording the mint"))
 	}
 	if plan.Hook != nil {
@@ -226,15 +269,28 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if refusal := p.expired(out); refusal != nil {
 		return discard(refusal)
 	}
-	for _, s := range plan.Steps {
+	// The new keys are claimed first: a key another instance claimed meanwhile refuses the
+	// commit before any fence moves.
+	if len(unclaimed) > 0 {
+		if err := p.Claims.Take(work, plan.Instance, unclaimed); err != nil {
+			return discard(p.claimRefusal(err, keys, "claiming its keys"))
+		}
+	}
+	for i, s := range plan.Steps {
 		rev, err := s.Commit(work)
 		if err != nil {
-			return discard(fault.Store(err, "committing the mint on %s", s.Fence))
+			refusal := fault.Store(err, "committing the mint on %s", s.Fence)
+			if rerr := release(work, plan.Steps[:i], err); rerr != nil {
+				r := *refusal
+				r.Cause = errors.Join(refusal.Cause, rerr)
+				refusal = &r
+			}
+			return discard(refusal)
 		}
 		out.Revisions = append(out.Revisions, rev)
 	}
 	if p.fenced() {
-		// Committed, and so valid, but a fenced plane answers nothing more (DESIGN §6.7): it is
+		// Committed, and so valid, but a fenced plane answers nothing more (docs/OPERATIONS.md, "What it runs": the plane's own instance): it is
 		// withheld, and the manager gets fresh credentials from the plane that fenced this one.
 		return discard(fault.New(fault.Unavailable, "this authority plane was fenced by a newer instance as the mint committed; retry shortly"))
 	}
@@ -243,4 +299,87 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 	p.Audit.LogMinted(plan.Request, recorded)
 	return out, nil
+}
+
+// keys are every key plan signs or binds, each once, with what named it.
+func (plan *Plan) keys() []Key {
+	var out []Key
+	seen := map[string]bool{}
+	add := func(k Key) {
+		if !seen[k.NKey] {
+			seen[k.NKey] = true
+			out = append(out, k)
+		}
+	}
+	for _, g := range plan.Grants {
+		add(Key{NKey: g.Key, Field: g.Field})
+	}
+	for _, k := range plan.Binds {
+		add(k)
+	}
+	return out
+}
+
+// checkClaims refuses, before anything is signed, a key another instance claimed
+// (already-exists, naming the field that named it), and returns the keys no instance claimed
+// yet: the commit claims them.
+func (p *Pipeline) checkClaims(ctx context.Context, in claim.Instance, keys []Key) ([]string, error) {
+	nkeys := make([]string, len(keys))
+	for i, k := range keys {
+		nkeys[i] = k.NKey
+	}
+	unclaimed, err := p.Claims.Check(ctx, in, nkeys)
+	if err != nil {
+		return nil, p.claimRefusal(err, keys, "reading the claims on its keys")
+	}
+	return unclaimed, nil
+}
+
+// claimRefusal is the refusal of a claim read or write that failed during what: a key another
+// instance claimed is already-exists, naming the field that named it.
+func (p *Pipeline) claimRefusal(err error, keys []Key, what string) *fault.Error {
+	var e *claim.Elsewhere
+	if !errors.As(err, &e) {
+		return fault.Store(err, "%s", what)
+	}
+	field := "a key"
+	for _, k := range keys {
+		if k.NKey == e.NKey {
+			field = k.Field
+		}
+	}
+	return fault.Wrap(fault.AlreadyExists, err, "%s: nkey %s belongs to another manager instance; an nkey serves one instance for life, so generate a fresh one", field, e.NKey)
+}
+
+// release runs the Release of every step of landed (those that committed), last first, for a
+// plan whose next step did not land for cause, and returns what failed.
+func release(ctx context.Context, landed []Step, cause error) error {
+	var errs []error
+	for i := len(landed) - 1; i >= 0; i-- {
+		if r := landed[i].Release; r != nil {
+			errs = append(errs, r(ctx, cause))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// KeyBudgets bound how many keys an owner claims anew.
+type KeyBudgets struct {
+	PerOwner *budget.Buckets
+	// Window is what the budget is counted over (the minted records' retention), and Limit
+	// the keys it allows in it, for the refusal.
+	Window time.Duration
+	Limit  int
+}
+
+// take takes n new keys from the budget of in's owner, and refuses past it.
+func (b *KeyBudgets) take(in claim.Instance, n int) error {
+	if b == nil || n == 0 || in.ID() == "" {
+		return nil
+	}
+	if !b.PerOwner.Take("owner."+in.Owner(), n) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
+			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)
+	}
+	return nil
 }

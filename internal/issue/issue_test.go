@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -48,7 +49,7 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.p = &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), clock), Now: clock}
+	e.p = &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), clock), Claims: &claim.Claims{KV: e.fences}, Now: clock}
 	e.first = e.openGate(t, e.iid)
 	e.second = e.openGate(t, ids.UID())
 	return e
@@ -105,9 +106,10 @@ func (e *env) plan(t testing.TB) issue.Plan {
 			Principal: subjects.Principal(owner, actor), TTL: time.Hour, Permissions: perms})
 	}
 	return issue.Plan{
-		Request: audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: ids.RequestID()},
-		Grants:  grants,
-		Steps:   []issue.Step{issue.Unchanged(e.first), issue.Unchanged(e.second)},
+		Instance: claim.MustInstance(owner, e.iid),
+		Request:  audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: ids.RequestID()},
+		Grants:   grants,
+		Steps:    []issue.Step{issue.Unchanged(e.first), issue.Unchanged(e.second)},
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -32,8 +32,9 @@ type Row struct {
 	Scope        []string `json:"scope"`
 	LifecycleUID string   `json:"lifecycleUid,omitempty"`
 	GrantedAt    int64    `json:"grantedAt"` // milliseconds
-	// TokenHash, on a managed agent's row, is the hex SHA-256 of the one-time secret it was
-	// spawned with: what /exchange's agent arm checks. Clearing it revokes the agent.
+	// TokenHash, on a managed agent's row, is the hex SHA-256 of the secret it was spawned
+	// with: what /exchange's agent arm checks, on every exchange (the secret is reusable).
+	// Clearing it revokes the agent.
 	TokenHash string `json:"tokenHash,omitempty"`
 }
 
@@ -44,10 +45,13 @@ func (r Row) Has(scope string) bool { return slices.Contains(r.Scope, scope) }
 var ErrMalformed = fence.ErrMalformed
 
 // Of returns the ledger row of principal owner.actor in the actors bucket kv.
+// MaxRow bounds a stored ledger row.
+const MaxRow = 4 << 10
+
 func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 	return fence.New(kv, subjects.ActorKey(owner, actor), func(data []byte) (Row, error) {
 		var r Row
-		if err := body.Decode(data, &r); err != nil {
+		if err := rows.Decode(data, &r, MaxRow); err != nil {
 			return Row{}, err
 		}
 		// A row without its scope list would read as no scope but could not be written

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/budget"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -37,9 +40,45 @@ type Engine struct {
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
 	MaxInstancesPerOwner int
-	// Assignments vouches for a supervised instance's own renewals (DESIGN §6.1); nil refuses
+	// Assignments vouches for a supervised instance's own renewals (docs/PROTOCOL.md, "manager-authority"); nil refuses
 	// them.
 	Assignments Assignments
+	// Reregistrations, when set, bound the prepares of instances already registered.
+	Reregistrations *Reregistrations
+	// Records records the run decisions that mint nothing, admissions and revocations (the
+	// pipeline records the mints); nil records none.
+	Records RunRecords
+}
+
+// Reregistrations bound, an hour, the re-registrations of one instance and of one owner's
+// instances: each advances an epoch and may bring fresh keys, whose claims are for life.
+type Reregistrations struct {
+	PerInstance, PerOwner *budget.Buckets
+	// InstanceHourly and OwnerHourly are the budgets' figures, for the refusal.
+	InstanceHourly, OwnerHourly int
+}
+
+// take takes one re-registration of owner's instance iid from both budgets, and refuses past
+// either (the owner's is taken only once the instance's had room).
+func (r *Reregistrations) take(owner, iid string) error {
+	if r == nil {
+		return nil
+	}
+	if !r.PerInstance.Allow("instance." + iid) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsInstance},
+			"instance %s was registered again as often as --reregistrations-per-instance allows (%d an hour); retry later", iid, r.InstanceHourly)
+	}
+	if !r.PerOwner.Allow("owner." + owner) {
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsOwner},
+			"owner %s registered its instances again as often as --reregistrations-per-owner allows (%d an hour); retry later", owner, r.OwnerHourly)
+	}
+	return nil
+}
+
+// RunRecords records a run's admission and its revocation (audit.Writer).
+type RunRecords interface {
+	RunAdmitted(ctx context.Context, req audit.Request, subject string)
+	RunRevoked(ctx context.Context, req audit.Request, reason string)
 }
 
 // Assignments is what a supervised instance's own renewal stands on instead of its preparer's
@@ -50,7 +89,7 @@ type Assignments interface {
 }
 
 // Supervision is what an operation runs under when a platform admin asks on an owner's behalf
-// (supervisor-authority, DESIGN §6.5). The admin's checks (its scope, the assignment, the
+// (supervisor-authority, docs/PROTOCOL.md). The admin's checks (its scope, the assignment, the
 // ended-assignment fence) are the supervisor's; the operation then needs no `supervise` of its
 // caller.
 type Supervision struct {
@@ -198,9 +237,6 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
-	if err := e.checkClaims(ctx, req.InstanceID, *req.Identities); err != nil {
-		return nil, err
-	}
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
@@ -213,11 +249,14 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		if err := e.checkQuota(ctx, caller.Owner); err != nil {
 			return nil, err
 		}
-		steps = append(steps, e.joinQuota(caller.Owner, req.InstanceID))
+		steps = append(steps, e.takeSlot(ctx, caller.Owner, req.InstanceID))
 		principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
 		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
 		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
+			return nil, err
+		}
+		if err := e.Reregistrations.take(caller.Owner, req.InstanceID); err != nil {
 			return nil, err
 		}
 		row = g.Row
@@ -228,9 +267,9 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if sup != nil {
 		row.SupervisedUntil = sup.Until.Unix()
 	}
-	// The nkeys are claimed in the same commit, before the gate: each belongs to this
-	// instance for life.
-	steps = append(steps, e.claimKeys(req.InstanceID, *req.Identities), issue.Replaced(g, row))
+	// The registration binds all five identities, which later mints sign: the pipeline claims
+	// them for the instance in this commit, before the quota and the gate.
+	steps = append(steps, issue.Replaced(g, row))
 	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
@@ -334,11 +373,22 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // refused once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
-	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, req.Identities.Of, duties...)
+	if slices.Contains(duties, subjects.DutyServe) {
+		// The serve duty receives its owner's run-starts: the owner's witness captures them
+		// from before it can.
+		e.Witness.OpenWitness(ctx, owner)
+	}
+	grants, err := e.grants(subjects.Holder{Space: e.Space, Owner: owner, Instance: iid}, identityKey(req.Identities), duties...)
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	if req.Operation == OpPrepare {
+		for _, d := range subjects.StandingDuties {
+			nkey, field := identityKey(req.Identities)(d)
+			plan.Binds = append(plan.Binds, issue.Key{NKey: nkey, Field: field})
+		}
+	}
 	if sup != nil {
 		plan.Hook = sup.Hook
 	}
@@ -365,8 +415,14 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	return m, nil
 }
 
-// grants are the credentials of duties for holder, each for the key keyOf names for it.
-func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string, duties ...subjects.Duty) ([]issue.Grant, error) {
+// identityKey is the key of a duty among a request's identities, and the field that names it.
+func identityKey(ids *client.Identities) func(subjects.Duty) (string, string) {
+	return func(d subjects.Duty) (string, string) { return ids.Of(d), "identities." + string(d) }
+}
+
+// grants are the credentials of duties for holder, each for the key keyOf names for it (and
+// the field that named it).
+func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) (string, string), duties ...subjects.Duty) ([]issue.Grant, error) {
 	var out []issue.Grant
 	for _, d := range duties {
 		actor, perms, err := subjects.PermissionsOf(d, holder)
@@ -377,13 +433,14 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) string
 		if d == subjects.DutyExecutor {
 			ttl = min(ttl, ExecutorTTL)
 		}
-		out = append(out, issue.Grant{Duty: d, Key: keyOf(d), Principal: subjects.Principal(holder.Owner, actor), TTL: ttl, Permissions: perms})
+		key, field := keyOf(d)
+		out = append(out, issue.Grant{Duty: d, Key: key, Field: field, Principal: subjects.Principal(holder.Owner, actor), TTL: ttl, Permissions: perms})
 	}
 	return out, nil
 }
 
 // ceiling is what a supervised instance's every credential is clamped to, whatever door or
-// duty: the end of the platform supervisor assignment it was prepared under (DESIGN §6.5), or
+// duty: the end of the platform supervisor assignment it was prepared under (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), or
 // of the one a platform supervisor asks under now (sup), whichever comes first.
 func ceiling(row gate.Row, iid string, sup *Supervision) issue.Ceiling {
 	until := row.SupervisedUntil

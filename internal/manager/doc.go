@@ -1,4 +1,4 @@
-// Package manager is manager-service authority (DESIGN §6.1, §6.2): the registration a gate
+// Package manager is manager-service authority (docs/PROTOCOL.md, "manager-authority"): the registration a gate
 // carries, the keyed proofs, and the operations prepare, activate, renew and
 // renewStandingBundle. Each checks its fences and builds a plan for the issuance pipeline
 // (package issue), which signs, records `minted` and commits on the manager's gate before a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -65,7 +67,7 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	}
 	actors.Put(subjects.ActorKey(testOwner, "cli"), row)
 	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
-	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Now: time.Now}
+	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: env.gates}, Now: time.Now}
 	// The fence bucket's commits group, as the plane's do.
 	env.e = &Engine{Space: "default", Account: acctPub, Gates: fence.Group(env.gates), Ledger: actors, Pipeline: pipeline,
 		Admissions: storetest.New(), Statuses: storetest.New(), Witness: witnessAll{},
@@ -77,6 +79,8 @@ func newEngineEnv(t *testing.T) *engineEnv {
 type witnessAll struct{}
 
 func (witnessAll) Witnessed(context.Context, string) (bool, error) { return true, nil }
+
+func (witnessAll) OpenWitness(context.Context, string) {}
 
 func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 	t.Helper()
@@ -317,4 +321,93 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota: at --max-instances-per-owner's
+// largest value, an owner's `instances` row with every slot taken and the most registrations
+// pending decodes, fits in one 1 MiB broker message, and refuses one more instance.
+func TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota(t *testing.T) {
+	env := newEngineEnv(t)
+	env.e.MaxInstancesPerOwner = MaxInstancesPerOwner
+	row := instances{V: 1, Owner: testOwner, IDs: []string{}, Pending: []pending{}}
+	lapsed := time.Now().Add(-time.Hour).UnixMilli() // their registrations committed long ago
+	for i := range MaxInstancesPerOwner {
+		iid := ids.UID()
+		row.IDs = append(row.IDs, iid)
+		if i < MaxPending {
+			row.Pending = append(row.Pending, pending{InstanceID: iid, Token: ids.Nonce(), Until: lapsed})
+		}
+		g, err := gate.Of(env.gates, subjects.GateEndpointManager, iid).Observe(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(testOwner, subjects.ServeActor(iid))}
+		if _, err := g.Write(ctx(t), open); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(row.IDs)
+	data, err := json.Marshal(row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > maxInstancesRow || len(data) > 1<<20 {
+		t.Fatalf("the row at the maximum is %d bytes: over its bound %d or a 1 MiB message", len(data), maxInstancesRow)
+	}
+	env.gates.Put(subjects.InstancesKey(testOwner), data)
+	if _, err := instancesOf(env.gates, testOwner).Observe(ctx(t)); err != nil {
+		t.Fatalf("the row at the maximum does not decode: %v", err)
+	}
+	env.newInstance(t)
+	if _, err := env.serve(t, env.request(t, OpPrepare)); fault.CodeOf(err) != fault.ResourceExhausted || !strings.Contains(err.Error(), "--max-instances-per-owner") {
+		t.Fatalf("one more instance past the maximum: got %v, want resource-exhausted naming the quota", err)
+	}
+}
+
+// opened records the owners whose witness was opened, and how many records had been written
+// when it was.
+type opened struct {
+	witnessAll
+	env    *engineEnv
+	owners []string
+	before []int
+}
+
+func (o *opened) OpenWitness(_ context.Context, owner string) {
+	o.owners = append(o.owners, owner)
+	o.before = append(o.before, len(o.env.records.Msgs()))
+}
+
+// Every mint of a serve duty (activate, renewStandingBundle) opens its owner's witness before
+// it signs: no manager can receive a run-start its owner's witness does not capture. The
+// other mints leave it alone.
+func TestEveryServeMintOpensItsOwnersWitnessFirst(t *testing.T) {
+	env := newEngineEnv(t)
+	w := &opened{env: env}
+	env.e.Witness = w
+	prep, err := env.serve(t, env.request(t, OpPrepare))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 0 {
+		t.Fatalf("prepare opened the witness (%v), want only the mints of a serve duty to", w.owners)
+	}
+	minted, _ := env.recorded(t)
+	act, err := env.serve(t, env.request(t, OpActivate, "registrationProof", prep.RegistrationProof))
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := []any{"registrationProof", act.NextRegistrationProof, "accountPublicKey", env.e.Account, "processEpoch", 0}
+	if _, err := env.serve(t, env.request(t, OpRenew, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.serve(t, env.request(t, OpRenewStandingBundle, current...)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.owners) != 2 || w.owners[0] != testOwner || w.owners[1] != testOwner {
+		t.Fatalf("got the witness opened for %v, want the manager's owner %s once by activate and once by renewStandingBundle", w.owners, testOwner)
+	}
+	if w.before[0] != minted {
+		t.Errorf("activate opened the witness after %d records, want before its own (%d before it)", w.before[0], minted)
+	}
 }

@@ -329,7 +329,7 @@ var storedRows = []struct {
 			}
 			return o.Row, nil
 		},
-		func(row any) bool { s := row.(client.RunStatusRecord); return s.V == 1 && validState(s.State) }},
+		func(row any) bool { s := row.(status); return s.V == 1 && validState(s.State) }},
 	{"admission", func(e *Engine, data []byte) { e.Admissions.(*storetest.KV).Put(subjects.AdmissionKey(fuzzRunID), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			a, _, err := e.readAdmission(ctx, fuzzRunID)
@@ -341,7 +341,7 @@ var storedRows = []struct {
 			}
 			return *a, err
 		},
-		func(row any) bool { a := row.(client.Admission); return a.Version == 1 && a.RunID == fuzzRunID }},
+		func(row any) bool { a := row.(admission); return a.Version == 1 && a.RunID == fuzzRunID }},
 	{"instances", func(e *Engine, data []byte) { e.Gates.(*storetest.KV).Put(subjects.InstancesKey(testOwner), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			o, err := instancesOf(e.Gates, testOwner).Observe(ctx)
@@ -367,9 +367,9 @@ func FuzzStoredRows(f *testing.F) {
 	seeds := []any{
 		runFence{V: 1, RunID: fuzzRunID, InstanceID: strings.Repeat("i", 26), Holder: "h.t", TakeoverID: "t", Epoch: 1, FencingToken: 1, DriverID: "d", MediatorID: "m", Nonce: nonce},
 		runFence{V: 1, RunID: fuzzRunID, InstanceID: strings.Repeat("i", 26), Revoked: true, Nonce: nonce},
-		client.RunStatusRecord{V: 1, State: client.RunRunning, Holder: "h.t", Epoch: 1, FencingToken: 1, At: 1},
-		client.Admission{Version: 1, Space: "default", Endpoint: subjects.GateEndpointManager, RunID: fuzzRunID, InstanceID: strings.Repeat("i", 26),
-			Caller: client.AdmittedCaller{Owner: testOwner, Actor: "starter", UID: strings.Repeat("u", 26), Generation: "1"}, Subject: "s", AdmittedAt: 1},
+		status{V: 1, State: client.RunRunning, Holder: "h.t", Epoch: 1, FencingToken: 1, At: 1},
+		admission{Version: 1, Space: "default", Endpoint: subjects.GateEndpointManager, RunID: fuzzRunID, InstanceID: strings.Repeat("i", 26),
+			Caller: admittedCaller{Owner: testOwner, Actor: "starter", UID: strings.Repeat("u", 26), Generation: "1"}, Subject: "s", AdmittedAt: 1},
 		instances{V: 1, Owner: testOwner, IDs: []string{strings.Repeat("a", 26), strings.Repeat("b", 26)}},
 	}
 	for i, s := range seeds {

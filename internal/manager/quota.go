@@ -3,34 +3,69 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
+	"time"
 
-	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/rows"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// instances is `instances.<owner>` in the fence bucket: the owner's live manager instances.
-// One owner cannot fill what every tenant shares (the minted stream, the gates): a first
-// registration joins this list in the same commit as its gate, and is refused once the owner
-// has as many live instances as the quota allows.
+// MaxInstancesPerOwner is the most live instances --max-instances-per-owner may allow: what
+// one owner's `instances` row holds with room to spare (about 33 bytes an id: some 330 KB of a
+// broker message's 1 MiB).
+const MaxInstancesPerOwner = 10_000
+
+// MaxPending bounds an owner's first registrations in flight at once (each holds a pending
+// slot until its deadline): past it a new one is refused, resource-exhausted.
+const MaxPending = 256
+
+// maxInstancesRow bounds a stored `instances` row: every id at the flag's maximum (33 bytes
+// each), and MaxPending registrations pending (about 120 bytes each).
+const maxInstancesRow = MaxInstancesPerOwner*40 + MaxPending*160 + 4<<10
+
+// instances is `instances.<owner>` in the fence bucket: the owner's instances that hold a slot
+// of its quota. One owner cannot fill what every tenant shares (the minted stream, the gates):
+// a first registration takes a slot in its commit, before its gate, and is refused once the
+// owner has as many live instances as the quota allows. A slot is held only by a registration
+// that commits: each taking is pending (its token, until its request's deadline) until its gate
+// exists; a registration that did not commit gives its slot back (Release), and one a crash cut
+// short stops counting once its deadline has passed with no gate written.
 type instances struct {
-	V     int      `json:"v"`
-	Owner string   `json:"owner"`
-	IDs   []string `json:"instanceIds"`
+	V       int       `json:"v"`
+	Owner   string    `json:"owner"`
+	IDs     []string  `json:"instanceIds"`
+	Pending []pending `json:"pending"`
+}
+
+// pending is one registration in flight that took a slot for its instance.
+type pending struct {
+	InstanceID string `json:"instanceId"`
+	Token      string `json:"token"`
+	// Until is when its request's deadline has surely passed (unix milliseconds): past it,
+	// with no gate, the registration never committed.
+	Until int64 `json:"until"`
 }
 
 func instancesOf(kv fence.KV, owner string) *fence.Fence[instances] {
 	return fence.New(kv, subjects.InstancesKey(owner), func(data []byte) (instances, error) {
 		var r instances
-		if err := body.Decode(data, &r); err != nil {
+		if err := rows.Decode(data, &r, maxInstancesRow); err != nil {
 			return instances{}, err
 		}
 		if r.V != 1 || r.Owner != owner || r.IDs == nil || !slices.IsSorted(r.IDs) { // a nil list could not be written back
 			return instances{}, errors.New("not a version 1 sorted list of this owner")
+		}
+		if r.Pending == nil {
+			r.Pending = []pending{}
 		}
 		return r, nil
 	}, nil)
@@ -42,7 +77,7 @@ func (e *Engine) quotaRefusal(owner string, n int) *fault.Error {
 }
 
 // checkQuota refuses, before anything is signed, a first registration that would take owner
-// past its quota. The commit checks again (joinQuota): this read only spares a doomed mint.
+// past its quota. The commit checks again (takeSlot): this read only spares a doomed mint.
 func (e *Engine) checkQuota(ctx context.Context, owner string) error {
 	o, err := instancesOf(e.Gates, owner).Observe(ctx)
 	if err != nil {
@@ -51,61 +86,150 @@ func (e *Engine) checkQuota(ctx context.Context, owner string) error {
 	if len(o.Row.IDs) < e.MaxInstancesPerOwner {
 		return nil
 	}
-	live, err := e.live(ctx, o.Row.IDs)
+	live, err := e.live(ctx, o.Row)
 	if err != nil {
 		return err
 	}
-	if len(live) >= e.MaxInstancesPerOwner {
-		return e.quotaRefusal(owner, len(live))
+	if len(live.IDs) >= e.MaxInstancesPerOwner {
+		return e.quotaRefusal(owner, len(live.IDs))
 	}
 	return nil
 }
 
-// joinQuota is the commit step that adds iid to owner's live instances, refusing past the
-// quota. It is an update, not a fence: registrations of other instances may land in between,
-// and each decides again on the list it reads.
-func (e *Engine) joinQuota(owner, iid string) issue.Step {
+// takeSlot is the commit step that takes a slot of owner's quota for iid, refusing past it;
+// its Release gives the slot back when the registration does not commit. It is an update, not
+// a fence: registrations of other instances may land in between, and each decides again on the
+// list it reads.
+func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 	f := instancesOf(e.Gates, owner)
-	return issue.Step{Fence: f.Key(), Commit: func(ctx context.Context) (uint64, error) {
-		o, err := f.Update(ctx, func(cur *fence.Observed[instances]) (instances, error) {
-			ids := cur.Row.IDs
-			if slices.Contains(ids, iid) {
-				return cur.Row, nil
-			}
-			if len(ids) >= e.MaxInstancesPerOwner {
-				live, err := e.live(ctx, ids)
-				if err != nil {
-					return instances{}, err
+	mine := pending{InstanceID: iid, Token: ids.Nonce(), Until: e.until(ctx)}
+	return issue.Step{
+		Fence: f.Key(),
+		Commit: func(ctx context.Context) (uint64, error) {
+			o, err := f.Update(ctx, func(cur *fence.Observed[instances]) (instances, error) {
+				next := e.withoutLapsed(cur.Row)
+				next.V, next.Owner = 1, owner
+				if next.IDs == nil {
+					next.IDs = []string{}
 				}
-				if len(live) >= e.MaxInstancesPerOwner {
-					return instances{}, e.quotaRefusal(owner, len(live))
+				if !slices.Contains(next.IDs, iid) && len(next.IDs) >= e.MaxInstancesPerOwner {
+					live, err := e.live(ctx, next)
+					if err != nil {
+						return instances{}, err
+					}
+					if len(live.IDs) >= e.MaxInstancesPerOwner {
+						return instances{}, e.quotaRefusal(owner, len(live.IDs))
+					}
+					next = live
 				}
-				ids = live
+				if len(next.Pending) >= MaxPending {
+					return instances{}, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.PendingRegistrations},
+						"owner %s has %d first registrations in flight, the most it may; retry shortly", owner, len(next.Pending))
+				}
+				if !slices.Contains(next.IDs, iid) {
+					next.IDs = append(slices.Clone(next.IDs), iid)
+					slices.Sort(next.IDs)
+				}
+				next.Pending = append(slices.Clone(next.Pending), mine)
+				return next, nil
+			})
+			if err != nil {
+				return 0, err
 			}
-			ids = append(slices.Clone(ids), iid)
-			slices.Sort(ids)
-			return instances{V: 1, Owner: owner, IDs: ids}, nil
-		})
-		if err != nil {
-			return 0, err
-		}
-		return o.Revision, nil
-	}}
+			return o.Revision, nil
+		},
+		Release: func(ctx context.Context, cause error) error {
+			if errors.Is(cause, fence.ErrUnknownOutcome) || errors.Is(cause, store.ErrUnknownOutcome) {
+				return nil // the gate may yet land: the slot lapses at Until if it did not
+			}
+			_, err := f.Update(ctx, func(cur *fence.Observed[instances]) (instances, error) {
+				next := cur.Row
+				i := slices.Index(next.Pending, mine)
+				if i < 0 {
+					return instances{}, fence.ErrKeep // never taken, or already given back
+				}
+				next.Pending = slices.Delete(slices.Clone(next.Pending), i, i+1)
+				if !slices.ContainsFunc(next.Pending, func(p pending) bool { return p.InstanceID == iid }) {
+					g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+					if err != nil {
+						return instances{}, err
+					}
+					if g.Absent() {
+						next.IDs = slices.DeleteFunc(slices.Clone(next.IDs), func(id string) bool { return id == iid })
+					}
+				}
+				return next, nil
+			})
+			if err != nil {
+				return fmt.Errorf("give back the slot of instance %s (it lapses at its deadline): %w", iid, err)
+			}
+			return nil
+		},
+	}
 }
 
-// live returns the instances of ids whose gates are not retired (a gate not written yet is
-// live: its registration may be committing).
-func (e *Engine) live(ctx context.Context, ids []string) ([]string, error) {
-	var out []string
-	for _, iid := range ids {
-		g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
-		if err != nil && !errors.Is(err, fence.ErrGone) {
-			return nil, fault.Store(err, "reading the gate of instance %s", iid)
+// clockSkew is how far apart the clocks of two replicas may be.
+const clockSkew = time.Minute
+
+// until is when a registration made under ctx has surely stopped trying to commit: its
+// deadline, plus the skew a replica's clock may have.
+func (e *Engine) until(ctx context.Context) int64 {
+	now := e.Pipeline.Now()
+	left := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		left = time.Until(d)
+	}
+	return now.Add(left + clockSkew).UnixMilli()
+}
+
+// withoutLapsed is r without the pending registrations whose deadline has passed.
+func (e *Engine) withoutLapsed(r instances) instances {
+	now := e.Pipeline.Now().UnixMilli()
+	r.Pending = slices.DeleteFunc(slices.Clone(r.Pending), func(p pending) bool { return p.Until <= now })
+	return r
+}
+
+// live is r without the instances that hold no slot: a retired gate, or no gate and no
+// registration pending. Their gates are read at once, a bounded number at a time.
+func (e *Engine) live(ctx context.Context, r instances) (instances, error) {
+	r = e.withoutLapsed(r)
+	pendingFor := map[string]bool{}
+	for _, p := range r.Pending {
+		pendingFor[p.InstanceID] = true
+	}
+	keep := make([]bool, len(r.IDs))
+	errs := make([]error, len(r.IDs))
+	limit := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, iid := range r.IDs {
+		limit <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-limit }()
+			g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+			switch {
+			case errors.Is(err, fence.ErrGone):
+				keep[i] = true // a marker: no one can tell; it counts
+			case err != nil:
+				errs[i] = fault.Store(err, "reading the gate of instance %s", iid)
+			case g.Absent():
+				keep[i] = pendingFor[iid] // its registration may yet commit
+			default:
+				keep[i] = g.Row.State != gate.Retired
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return instances{}, err
 		}
-		if err == nil && !g.Absent() && g.Row.State == gate.Retired {
-			continue
+	}
+	out := r
+	out.IDs = []string{}
+	for i, iid := range r.IDs {
+		if keep[i] {
+			out.IDs = append(out.IDs, iid)
 		}
-		out = append(out, iid)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 
@@ -19,7 +20,7 @@ const maxReason = 256
 // errAlreadyRevoked tells the run fence's update there is nothing to write.
 var errAlreadyRevoked = errors.New("run fence already revoked")
 
-// RevokeRun serves `manager-run-revoke` (DESIGN §6.4), on the run-revoke endpoint and through
+// RevokeRun serves `manager-run-revoke` (docs/PROTOCOL.md, "run-revoke"), on the run-revoke endpoint and through
 // manager-authority. The run must be admitted for this instance; the caller must be its
 // admitted owner (no scope needed) or hold `admin`, read now (a `p_` platform holder is
 // refused); the request carries the manager's current proof. It writes the revocation marker
@@ -33,6 +34,13 @@ func (e *Engine) RevokeRun(ctx context.Context, caller Caller, about audit.Reque
 		return nil, about, err
 	}
 	reply, err := e.revoke(ctx, caller, &req.RunRevoke)
+	if err == nil && e.Records != nil {
+		var won client.Revocation
+		if json.Unmarshal(reply.Revocation, &won) != nil {
+			won.Reason = req.Revoke.Reason
+		}
+		e.Records.RunRevoked(ctx, about, won.Reason)
+	}
 	return reply, about, err
 }
 

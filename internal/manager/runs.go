@@ -2,12 +2,12 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -19,7 +19,7 @@ import (
 // maxSubject bounds a run-start subject in a body: longer than any the grammar allows.
 const maxSubject = 512
 
-// Admit serves `manager-run-admission` (DESIGN §6.3): a manager admits a run a caller really
+// Admit serves `manager-run-admission` (docs/PROTOCOL.md, the run kinds): a manager admits a run a caller really
 // started. In order: the manager authenticates as for a renewal; a revoked run is refused; an
 // identical earlier admission is returned as it is; the subject must parse, be this space's
 // and (inst) this instance's, be witnessed and not consumed, and name a caller of the manager's
@@ -33,6 +33,9 @@ func (e *Engine) Admit(ctx context.Context, caller Caller, about audit.Request, 
 		return nil, about, err
 	}
 	reply, err := e.admit(ctx, caller, &req.RunAdmission)
+	if err == nil && e.Records != nil {
+		e.Records.RunAdmitted(ctx, about, reply.Admission.Subject)
+	}
 	return reply, about, err
 }
 
@@ -44,8 +47,8 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	if err := e.refuseRevoked(ctx, runID); err != nil {
 		return nil, err
 	}
-	reply := func(a *client.Admission, rev uint64) *client.AdmissionReply {
-		return &client.AdmissionReply{V: 1, Kind: client.KindRunAdmission, RequestID: req.RequestID, RunID: runID, Revision: rev, Admission: *a}
+	reply := func(a *admission, rev uint64) *client.AdmissionReply {
+		return &client.AdmissionReply{V: 1, Kind: client.KindRunAdmission, RequestID: req.RequestID, RunID: runID, Revision: rev, Admission: a.reply()}
 	}
 	if a, rev, err := e.readAdmission(ctx, runID); err != nil {
 		return nil, err
@@ -88,21 +91,21 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	} else if string(got) != string(marker) {
 		return nil, errConsumed()
 	}
-	a := &client.Admission{Version: 1, Space: e.Space, Endpoint: subjects.GateEndpointManager, RunID: runID, InstanceID: iid,
-		Caller:  client.AdmittedCaller{Owner: start.Owner, Actor: start.Actor, UID: start.UID, Generation: start.Generation},
+	a := &admission{Version: 1, Space: e.Space, Endpoint: subjects.GateEndpointManager, RunID: runID, InstanceID: iid,
+		Caller:  admittedCaller{Owner: start.Owner, Actor: start.Actor, UID: start.UID, Generation: start.Generation},
 		Subject: subject, AdmittedAt: e.Pipeline.Now().UnixMilli()}
 	raw, rev, err := e.createOnce(ctx, subjects.AdmissionKey(runID), encode(a))
 	if err != nil {
 		return nil, err
 	}
-	var stored client.Admission
-	if err := json.Unmarshal(raw, &stored); err != nil || stored.InstanceID != iid || stored.Subject != subject {
+	stored, err := parseAdmission(raw, runID)
+	if err != nil || stored.InstanceID != iid || stored.Subject != subject {
 		return nil, fault.New(fault.Conflict, "run %s was admitted from another run-start or for another manager instance", runID)
 	}
-	return reply(&stored, rev), nil
+	return reply(stored, rev), nil
 }
 
-// Attempt serves `manager-run-attempt` (DESIGN §6.3): one takeover of an admitted run. The run
+// Attempt serves `manager-run-attempt` (docs/PROTOCOL.md, the run kinds): one takeover of an admitted run. The run
 // must be admitted for this instance, not revoked and not terminal; the attempt's epoch and
 // fencing token must each be the run fence's plus one (1 and 1 for a new run), or `conflict`
 // carrying the current fence. It mints the run's driver and mediator and commits on the gate
@@ -166,7 +169,7 @@ func (e *Engine) renewRunDriver(ctx context.Context, caller Caller, req *Request
 	return e.runMint(ctx, caller.Owner, &req.Envelope, about, Kind, OpRenewRunDriver, g, rf, nil)
 }
 
-// holdsRunFence is the one predicate a run-driver renewal needs (DESIGN §6.3): the run is
+// holdsRunFence is the one predicate a run-driver renewal needs (docs/PROTOCOL.md, the run kinds): the run is
 // admitted here and not revoked, the run fence's instance, holder, takeover, epoch, fencing
 // token and keys are the hold's, and the status row says running with that holder, epoch and
 // fencing token. It returns the run fence as read, for the commit.
@@ -206,12 +209,18 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 		held = *next
 	}
 	keys := map[subjects.Duty]string{subjects.DutyDriver: held.DriverID, subjects.DutyMediator: held.MediatorID}
+	fields := map[subjects.Duty]string{subjects.DutyDriver: "attempt.driverId", subjects.DutyMediator: "attempt.mediatorId"}
+	if next == nil {
+		fields = map[subjects.Duty]string{subjects.DutyDriver: "the run fence's driverId", subjects.DutyMediator: "the run fence's mediatorId"}
+	}
 	holder := subjects.Holder{Space: e.Space, Owner: owner, Instance: env.InstanceID, RunID: held.RunID}
-	grants, err := e.grants(holder, func(d subjects.Duty) string { return keys[d] }, subjects.DutyDriver, subjects.DutyMediator)
+	grants, err := e.grants(holder, func(d subjects.Duty) (string, string) { return keys[d], fields[d] }, subjects.DutyDriver, subjects.DutyMediator)
 	if err != nil {
 		return nil, err
 	}
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
+	// The run's keys are claimed for the instance in the mint's commit, by the pipeline: a key
+	// another instance holds is refused before anything is signed.
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(owner, env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
 		Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err

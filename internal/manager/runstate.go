@@ -7,23 +7,26 @@ import (
 	"fmt"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
+	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// What the plane keeps of a run (DESIGN §6.3, §6.4): its admission and revocation marker
+// What the plane keeps of a run (docs/PROTOCOL.md, the run kinds and "run-revoke"): its admission and revocation marker
 // (create-only, in the admission bucket), its run fence (the plane's, in the fence bucket) and
 // its status (in the run-status bucket).
 
-// Witness says whether a run-start subject was witnessed: captured, within its five minutes, by
-// the witness stream.
+// Witness is the run-starts captured, each in its owner's witness stream for five minutes.
+// Witnessed says whether one was published on a subject; OpenWitness makes sure an owner's
+// run-starts are captured from now on (its failure leaves them unwitnessed, so refused at
+// admission, and is tried again at the next call).
 type Witness interface {
 	Witnessed(ctx context.Context, subject string) (bool, error)
+	OpenWitness(ctx context.Context, owner string)
 }
 
 // runFence is `runfence.manager.<runId>`: who holds the run. Created at the first attempt,
@@ -44,6 +47,70 @@ type runFence struct {
 	Nonce        string `json:"nonce"`
 }
 
+// maxRunRow bounds a stored run fence, admission or status row (a run-start subject in an
+// admission is at most maxSubject bytes).
+const maxRunRow = 4 << 10
+
+// admission is `admission.v1.manager.<runId>`: the run a caller really started, admitted for
+// one instance, create-only. This is the stored schema; the reply (client.Admission) is made
+// from it and may change on its own.
+type admission struct {
+	Version    int            `json:"version"`
+	Space      string         `json:"space"`
+	Endpoint   string         `json:"endpoint"`
+	RunID      string         `json:"runId"`
+	InstanceID string         `json:"instanceId"`
+	Caller     admittedCaller `json:"caller"`
+	Subject    string         `json:"subject"`
+	AdmittedAt int64          `json:"admittedAt"` // milliseconds
+}
+
+// admittedCaller is who started an admitted run, from its run-start subject.
+type admittedCaller struct {
+	Owner      string `json:"owner"`
+	Actor      string `json:"actor"`
+	UID        string `json:"uid"`
+	Generation string `json:"generation"`
+}
+
+// reply is the admission as a reply carries it.
+func (a *admission) reply() client.Admission {
+	return client.Admission{Version: a.Version, Space: a.Space, Endpoint: a.Endpoint, RunID: a.RunID, InstanceID: a.InstanceID,
+		Caller:  client.AdmittedCaller{Owner: a.Caller.Owner, Actor: a.Caller.Actor, UID: a.Caller.UID, Generation: a.Caller.Generation},
+		Subject: a.Subject, AdmittedAt: a.AdmittedAt}
+}
+
+// parseAdmission decodes and checks a stored admission of runID.
+func parseAdmission(data []byte, runID string) (*admission, error) {
+	var a admission
+	if err := rows.Decode(data, &a, maxRunRow); err != nil {
+		return nil, err
+	}
+	if a.Version != 1 || a.RunID != runID {
+		return nil, errors.New("not a version 1 admission of this run")
+	}
+	return &a, nil
+}
+
+// status is `run.manager.<runId>.status` in the run-status bucket: what the run's current
+// driver last reported (the stored schema; the reply's client.RunStatusRecord is made from it).
+type status struct {
+	V                    int    `json:"v"`
+	ObservedSpecRevision uint64 `json:"observedSpecRevision"`
+	State                string `json:"state"`
+	Holder               string `json:"holder"`
+	Epoch                uint64 `json:"epoch"`
+	FencingToken         uint64 `json:"fencingToken"`
+	JournalHigh          uint64 `json:"journalHigh"`
+	At                   int64  `json:"at"` // milliseconds
+}
+
+// reply is the status as a reply carries it.
+func (s status) reply() client.RunStatusRecord {
+	return client.RunStatusRecord{V: s.V, ObservedSpecRevision: s.ObservedSpecRevision, State: s.State, Holder: s.Holder,
+		Epoch: s.Epoch, FencingToken: s.FencingToken, JournalHigh: s.JournalHigh, At: s.At}
+}
+
 // hold is what the fence says of who holds the run.
 func (f runFence) hold() client.RunHold {
 	return client.RunHold{RunID: f.RunID, Holder: f.Holder, TakeoverID: f.TakeoverID, Epoch: f.Epoch,
@@ -53,7 +120,7 @@ func (f runFence) hold() client.RunHold {
 func (e *Engine) runFenceOf(runID string) *fence.Fence[runFence] {
 	return fence.New(e.Gates, subjects.RunFenceKey(runID), func(data []byte) (runFence, error) {
 		var f runFence
-		if err := body.Decode(data, &f); err != nil {
+		if err := rows.Decode(data, &f, maxRunRow); err != nil {
 			return runFence{}, err
 		}
 		if f.V != 1 || f.RunID != runID || f.Nonce == "" {
@@ -106,7 +173,7 @@ func (e *Engine) runFenceStep(o *fence.Observed[runFence], next *runFence) issue
 }
 
 // readAdmission reads a run's admission: nil when there is none.
-func (e *Engine) readAdmission(ctx context.Context, runID string) (*client.Admission, uint64, error) {
+func (e *Engine) readAdmission(ctx context.Context, runID string) (*admission, uint64, error) {
 	entry, err := e.Admissions.Get(ctx, subjects.AdmissionKey(runID))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -114,15 +181,15 @@ func (e *Engine) readAdmission(ctx context.Context, runID string) (*client.Admis
 	case err != nil:
 		return nil, 0, fault.Store(err, "reading the admission of run %s", runID)
 	}
-	var a client.Admission
-	if err := body.Decode(entry.Value, &a); err != nil || a.Version != 1 || a.RunID != runID {
-		return nil, 0, fault.New(fault.Internal, "the admission of run %s is malformed", runID)
+	a, err := parseAdmission(entry.Value, runID)
+	if err != nil {
+		return nil, 0, fault.Wrap(fault.Internal, err, "the admission of run %s is malformed", runID)
 	}
-	return &a, entry.Revision, nil
+	return a, entry.Revision, nil
 }
 
 // admittedHere reads a run's admission and refuses one that is missing or another instance's.
-func (e *Engine) admittedHere(ctx context.Context, runID, iid string) (*client.Admission, error) {
+func (e *Engine) admittedHere(ctx context.Context, runID, iid string) (*admission, error) {
 	a, _, err := e.readAdmission(ctx, runID)
 	switch {
 	case err != nil:
@@ -160,21 +227,21 @@ func (e *Engine) refuseRevoked(ctx context.Context, runID string) error {
 }
 
 // runStatusOf is the fence of a run's status row.
-func (e *Engine) runStatusOf(runID string) *fence.Fence[client.RunStatusRecord] {
-	return fence.New(e.Statuses, subjects.RunStatusKey(runID), func(data []byte) (client.RunStatusRecord, error) {
-		var s client.RunStatusRecord
-		if err := body.Decode(data, &s); err != nil {
-			return client.RunStatusRecord{}, err
+func (e *Engine) runStatusOf(runID string) *fence.Fence[status] {
+	return fence.New(e.Statuses, subjects.RunStatusKey(runID), func(data []byte) (status, error) {
+		var s status
+		if err := rows.Decode(data, &s, maxRunRow); err != nil {
+			return status{}, err
 		}
 		if s.V != 1 || !validState(s.State) {
-			return client.RunStatusRecord{}, fmt.Errorf("not a version 1 status (state %q)", s.State)
+			return status{}, fmt.Errorf("not a version 1 status (state %q)", s.State)
 		}
 		return s, nil
 	}, nil)
 }
 
 // readStatus reads a run's status (an absent observation when none was reported).
-func (e *Engine) readStatus(ctx context.Context, runID string) (*fence.Observed[client.RunStatusRecord], error) {
+func (e *Engine) readStatus(ctx context.Context, runID string) (*fence.Observed[status], error) {
 	o, err := e.runStatusOf(runID).Observe(ctx)
 	if err != nil {
 		return nil, fault.Store(err, "reading the status of run %s", runID)

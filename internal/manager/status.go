@@ -14,7 +14,7 @@ import (
 
 var holderRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,256}$`)
 
-// ReportStatus serves `manager-run-status` (DESIGN §6.3): the run's current driver reports
+// ReportStatus serves `manager-run-status` (docs/PROTOCOL.md, the run kinds): the run's current driver reports
 // running, released, completed or failed, as the run's own principal, with the run fence's
 // holder, epoch and fencing token (a fenced-out driver no longer has them). The plane writes
 // the status row by CAS; a terminal state is final.
@@ -68,25 +68,25 @@ func (e *Engine) reportStatus(ctx context.Context, caller Caller, s *client.RunS
 	if err := checkOwner(g, caller.Owner, rf.Row.InstanceID); err != nil {
 		return nil, fault.New(fault.PermissionDenied, "run %s is not a run of this owner's managers", s.RunID)
 	}
-	next := client.RunStatusRecord{V: 1, ObservedSpecRevision: s.ObservedSpecRevision, State: s.State, Holder: s.Holder,
+	next := status{V: 1, ObservedSpecRevision: s.ObservedSpecRevision, State: s.State, Holder: s.Holder,
 		Epoch: s.Epoch, FencingToken: s.FencingToken, JournalHigh: s.JournalHigh, At: e.Pipeline.Now().UnixMilli()}
-	o, err := e.runStatusOf(s.RunID).Update(ctx, func(cur *fence.Observed[client.RunStatusRecord]) (client.RunStatusRecord, error) {
+	o, err := e.runStatusOf(s.RunID).Update(ctx, func(cur *fence.Observed[status]) (status, error) {
 		if !cur.Absent() && terminal(cur.Row.State) {
-			return client.RunStatusRecord{}, fault.New(fault.FailedPrecondition, "run %s is %s: a terminal state is final", s.RunID, cur.Row.State)
+			return status{}, fault.New(fault.FailedPrecondition, "run %s is %s: a terminal state is final", s.RunID, cur.Row.State)
 		}
 		// The fence is read again with every decision: a takeover that lands meanwhile fences
 		// this driver out.
 		now, err := e.observeRunFence(ctx, s.RunID)
 		if err != nil {
-			return client.RunStatusRecord{}, err
+			return status{}, err
 		}
 		if now.Row.Revoked || now.Row.Holder != s.Holder || now.Row.Epoch != s.Epoch || now.Row.FencingToken != s.FencingToken {
-			return client.RunStatusRecord{}, fault.New(fault.PermissionDenied, "the fence of run %s holds another takeover: a fenced-out driver reports nothing", s.RunID)
+			return status{}, fault.New(fault.PermissionDenied, "the fence of run %s holds another takeover: a fenced-out driver reports nothing", s.RunID)
 		}
 		return next, nil
 	})
 	if err != nil {
 		return nil, fault.Store(err, "writing the status of run %s", s.RunID)
 	}
-	return &client.StatusReply{V: 1, Kind: client.KindRunStatus, RunID: s.RunID, Status: o.Row, Revision: o.Revision}, nil
+	return &client.StatusReply{V: 1, Kind: client.KindRunStatus, RunID: s.RunID, Status: o.Row.reply(), Revision: o.Revision}, nil
 }

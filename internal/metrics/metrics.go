@@ -8,13 +8,13 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
@@ -29,11 +29,19 @@ type Metrics struct {
 	issued     *prometheus.CounterVec
 	discarded  *prometheus.CounterVec
 	reconnects *prometheus.CounterVec
+	summarized *prometheus.CounterVec
+	budgets    *prometheus.CounterVec
+	auditors   *prometheus.CounterVec
+	// tenantBudgets counts the refusals past a tenant's budget of the bus and HTTP doors.
+	tenantBudgets *prometheus.CounterVec
+
+	connOnce sync.Once
+	conn     *connections
 }
 
 // New registers the plane's metrics; epoch and fenced report its process epoch and whether it
-// was fenced by a newer instance.
-func New(epoch func() uint64, fenced func() bool) *Metrics {
+// was fenced by a newer instance, retries how many fence writes its stores retried.
+func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -57,6 +65,10 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			Name: "authplane_nats_reconnects_total",
 			Help: "Reconnections of the plane's own NATS connections, by role.",
 		}, []string{"conn"}),
+		summarized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "authplane_audit_summarized_total",
+			Help: "Audit records past their owner's budget of the minute (--audit-records), counted in a summary record instead of written, by decision, in this process.",
+		}, []string{"decision"}),
 	}
 	kvErrors := func(class string, n func() int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -65,11 +77,12 @@ func New(epoch func() uint64, fenced func() bool) *Metrics {
 			ConstLabels: prometheus.Labels{"class": class},
 		}, func() float64 { return float64(n()) })
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects,
+	m.budgets, m.auditors, m.tenantBudgets = newBudgets(), newAuditorConsumers(), newTenantBudgets()
+	m.reg.MustRegister(m.requests, m.latency, m.issued, m.discarded, m.reconnects, m.budgets, m.auditors, m.tenantBudgets, m.summarized,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "authplane_cas_retries_total",
 			Help: "Fence writes retried after a lost CAS or an unknown outcome, in this process.",
-		}, func() float64 { return float64(fence.Retries.Load()) }),
+		}, func() float64 { return float64(retries()) }),
 		kvErrors("cas_lost", store.Errors.CASLost.Load),
 		kvErrors("full", store.Errors.Full.Load),
 		kvErrors("unknown_outcome", store.Errors.UnknownOutcome.Load),
@@ -103,7 +116,7 @@ func (m *Metrics) Served(endpoint, kind, code string, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
 	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
 }
 
@@ -113,7 +126,7 @@ func (m *Metrics) Refused(endpoint, kind, code string) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kind, code).Inc()
+	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
 }
 
 // Issued counts one committed credential of duty.
@@ -134,5 +147,13 @@ func (m *Metrics) Discarded(endpoint, code string) {
 func (m *Metrics) Reconnected(conn string) {
 	if m != nil {
 		m.reconnects.WithLabelValues(conn).Inc()
+	}
+}
+
+// Summarized counts one audit record of decision counted in its owner's summary instead of
+// written.
+func (m *Metrics) Summarized(decision string) {
+	if m != nil {
+		m.summarized.WithLabelValues(decision).Inc()
 	}
 }

@@ -1,6 +1,6 @@
 package space
 
-// The account policy of a space (DESIGN §3): which accounts exist, what each may do, and what
+// The account policy of a space (docs/OPERATIONS.md, "What it runs"): which accounts exist, what each may do, and what
 // they export and import. Key generation, the file layout and loading are material.go's.
 
 import (
@@ -29,17 +29,20 @@ type DataPolicy struct {
 // re-sign an account JWT, and says so.
 var ErrNoOperatorSigner = errors.New("the operator signing key is not in the space material")
 
-// DataAccountJWT signs the data account's claims under p with the operator signing key, newer
-// than any signed before it, for the broker's resolver.
-func (m *Keys) DataAccountJWT(p DataPolicy) (string, error) {
+// DataAccountJWT signs the data account's claims under p with the operator signing key, and
+// returns the JWT and its issue time (unix seconds, from the wall clock: the JWT library stamps
+// it). Resolvers keep the newer of two JWTs by that time. Without the operator signing key it
+// is ErrNoOperatorSigner.
+func (m *Keys) DataAccountJWT(p DataPolicy) (string, int64, error) {
 	if m.OperatorSigner == nil {
-		return "", ErrNoOperatorSigner
+		return "", 0, ErrNoOperatorSigner
 	}
-	token, err := m.dataClaims(p).Encode(m.OperatorSigner)
+	claims := m.dataClaims(p)
+	token, err := claims.Encode(m.OperatorSigner)
 	if err != nil {
-		return "", fmt.Errorf("sign %s account JWT: %w", m.Data.Name, err)
+		return "", 0, fmt.Errorf("sign %s account JWT: %w", m.Data.Name, err)
 	}
-	return token, nil
+	return token, claims.IssuedAt, nil
 }
 
 // dataClaims are the data account's claims: every credential the plane mints lives here, so it
@@ -102,7 +105,7 @@ func (m *Keys) planeClaims() *jwt.AccountClaims {
 	return plane
 }
 
-// signJWTs issues the operator and account JWTs (DESIGN §3).
+// signJWTs issues the operator and account JWTs (docs/OPERATIONS.md, "What it runs").
 func (m *Keys) signJWTs() error {
 	opPub, opSigner := mustPublic(m.Operator), mustPublic(m.OperatorSigner)
 	sysPub := m.System.Public()

@@ -1,4 +1,4 @@
-// Package space owns the space material: the operator, the four accounts of DESIGN §3 and their
+// Package space owns the space material: the operator, the four accounts docs/OPERATIONS.md names ("What it runs") and their
 // keys, the callout's fixed user and xkey, the owner secret and the first bearer issuer key.
 // It is written once, atomically, and only read afterwards.
 package space

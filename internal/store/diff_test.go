@@ -1,6 +1,7 @@
 package store
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,10 +11,18 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// specNamed returns the spec of stream name among Specs("default", o).
+// witnessOwner is the owner whose witness stream the tests check.
+const witnessOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+// allSpecs are Specs("default", o) and witnessOwner's witness.
+func allSpecs(o Options) []Spec {
+	return append(Specs("default", o), WitnessSpec("default", witnessOwner, o))
+}
+
+// specNamed returns the spec of stream name among allSpecs(o).
 func specNamed(t *testing.T, name string, o Options) Spec {
 	t.Helper()
-	for _, s := range Specs("default", o) {
+	for _, s := range allSpecs(o) {
 		if s.Config.Name == name {
 			return s
 		}
@@ -23,7 +32,7 @@ func specNamed(t *testing.T, name string, o Options) Spec {
 }
 
 func TestDiffReportsNothingForTheSpecItself(t *testing.T) {
-	for _, s := range Specs("default", Options{}) {
+	for _, s := range allSpecs(Options{}) {
 		if d := Diff(s, s.Config); len(d) != 0 {
 			t.Errorf("Diff(%s, its own config): got %v, want nothing", s.Config.Name, d)
 		}
@@ -33,7 +42,7 @@ func TestDiffReportsNothingForTheSpecItself(t *testing.T) {
 func TestDiffReportsEachUnsafeField(t *testing.T) {
 	fences := "KV_" + subjects.AuthBucket("default")
 	writeOnce := "KV_" + subjects.AcceptedBucket("default")
-	witness := subjects.WitnessStream("default")
+	witness := subjects.WitnessStream("default", witnessOwner)
 	tests := []struct {
 		field  string
 		stream string
@@ -95,13 +104,13 @@ func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
 }
 
 func TestDiffLetsTheFlagsTuneRecordStreamLimits(t *testing.T) {
-	for _, name := range []string{subjects.WitnessStream("default"), subjects.MintedStream("default"), subjects.AuditStream("default")} {
+	for _, name := range []string{subjects.WitnessStream("default", witnessOwner), subjects.MintedStream("default"), subjects.AuditStream("default")} {
 		spec := specNamed(t, name, Options{})
 		if !spec.Tunable {
 			t.Errorf("%s: got Tunable false, want its limits set by flags", name)
 		}
 		got := spec.Config
-		got.MaxAge, got.MaxBytes = spec.Config.MaxAge+time.Hour, spec.Config.MaxBytes*2
+		got.MaxAge, got.MaxBytes, got.MaxMsgs = spec.Config.MaxAge+time.Hour, spec.Config.MaxBytes*2, 7
 		if d := Diff(spec, got); len(d) != 0 {
 			t.Errorf("Diff(%s) with other limits: got %v, want nothing (Ensure updates them)", name, d)
 		}
@@ -109,7 +118,7 @@ func TestDiffLetsTheFlagsTuneRecordStreamLimits(t *testing.T) {
 }
 
 func TestDiffIgnoresSubjectOrder(t *testing.T) {
-	spec := specNamed(t, subjects.WitnessStream("default"), Options{})
+	spec := specNamed(t, subjects.WitnessStream("default", witnessOwner), Options{})
 	got := spec.Config
 	got.Subjects = append([]string(nil), got.Subjects...)
 	for i, j := 0, len(got.Subjects)-1; i < j; i, j = i+1, j-1 {
@@ -120,9 +129,9 @@ func TestDiffIgnoresSubjectOrder(t *testing.T) {
 	}
 }
 
-// Every stream keeps the rules of DESIGN §6.6 in its spec, so Ensure creates them right.
+// Every stream keeps the rules docs/OPERATIONS.md gives ("What it runs": the stores) in its spec, so Ensure creates them right.
 func TestSpecsSealEveryStream(t *testing.T) {
-	for _, s := range Specs("default", Options{Replicas: 3}) {
+	for _, s := range allSpecs(Options{Replicas: 3}) {
 		c := s.Config
 		if c.AllowDirect || c.MirrorDirect || c.AllowRollup || !c.DenyDelete || !c.DenyPurge {
 			t.Errorf("%s: got allow_direct %v mirror_direct %v rollup %v deny_delete %v deny_purge %v, want false false false true true",
@@ -151,9 +160,16 @@ func TestSpecsSealEveryStream(t *testing.T) {
 			t.Errorf("bucket %s: got stream %s on %v, want KV_%s on $KV.%s.>", s.Bucket, c.Name, c.Subjects, s.Bucket, s.Bucket)
 		}
 	}
-	witness := specNamed(t, subjects.WitnessStream("default"), Options{})
-	if !witness.Config.NoAck || witness.Config.MaxAge != WitnessMaxAge {
-		t.Errorf("witness: got no_ack %v max_age %s, want true and %s", witness.Config.NoAck, witness.Config.MaxAge, WitnessMaxAge)
+	witness := specNamed(t, subjects.WitnessStream("default", witnessOwner), Options{WitnessBytes: 3 << 20, WitnessRuns: 9})
+	if c := witness.Config; !c.NoAck || c.MaxAge != WitnessMaxAge || c.MaxBytes != 3<<20 || c.MaxMsgs != 9 || c.Discard != jetstream.DiscardOld ||
+		!slices.Equal(c.Subjects, subjects.OwnerRunStarts("default", witnessOwner)) {
+		t.Errorf("witness: got no_ack %v max_age %s max_bytes %d max_msgs %d discard %v subjects %v, want true, %s, %d, 9, old and the owner's run-starts",
+			c.NoAck, c.MaxAge, c.MaxBytes, c.MaxMsgs, c.Discard, c.Subjects, WitnessMaxAge, 3<<20)
+	}
+	for _, s := range Specs("default", Options{}) {
+		if strings.HasPrefix(s.Config.Name, subjects.SharedWitnessStream("default")) {
+			t.Errorf("Specs has %s: want no shared witness, only owners'", s.Config.Name)
+		}
 	}
 	minted := specNamed(t, subjects.MintedStream("default"), Options{MintedBytes: 5 << 20})
 	if minted.Config.Discard != jetstream.DiscardNew || minted.Config.MaxMsgsPerSubject != 1 || minted.Config.MaxBytes != 5<<20 {

@@ -19,7 +19,8 @@ var ErrMisconfigured = errors.New("stream misconfigured")
 // Ensure creates every stream of specs that does not exist and checks every one that does.
 // A stream whose configuration breaks its rule is reported, all of them at once, wrapping
 // ErrMisconfigured; the size and age limits of record streams follow the flags and are
-// updated in place. On a fresh cluster it retries until a meta leader answers or ctx ends.
+// updated in place (and so are their message counts: an owner's witness bounds them). On a
+// fresh cluster it retries until a meta leader answers or ctx ends.
 func Ensure(ctx context.Context, js jetstream.JetStream, specs []Spec, log *slog.Logger) error {
 	var problems []error
 	for _, spec := range specs {
@@ -55,15 +56,76 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 		return fmt.Errorf("read stream %s: %w", name, err)
 	}
 	got := s.CachedInfo().Config
-	if diffs := Diff(spec, got); len(diffs) > 0 {
-		return &permanentError{fmt.Errorf("%w: %s (%s): %s", ErrMisconfigured, name, spec.Rule, joinDiffs(diffs))}
+	if err := refuse(spec, got); err != nil {
+		return err
 	}
-	if spec.Tunable && (got.MaxAge != spec.Config.MaxAge || got.MaxBytes != spec.Config.MaxBytes) {
-		got.MaxAge, got.MaxBytes = spec.Config.MaxAge, spec.Config.MaxBytes
-		if _, err := js.UpdateStream(ctx, got); err != nil {
-			return fmt.Errorf("update limits of stream %s: %w", name, err)
+	if spec.Readers {
+		if err := sweepReaders(ctx, s, spec.Config.ConsumerLimits.InactiveThreshold, log); err != nil {
+			return err
 		}
-		log.Info("updated stream limits", "stream", name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes)
+	}
+	return tune(ctx, js, spec, got, log)
+}
+
+// check refuses a stream whose configuration got breaks spec's rule, and gives a tunable one
+// spec's limits: for a stream without readers (an owner's witness), read from a listing.
+func check(ctx context.Context, js jetstream.JetStream, spec Spec, got jetstream.StreamConfig, log *slog.Logger) error {
+	if err := refuse(spec, got); err != nil {
+		return err
+	}
+	return tune(ctx, js, spec, got, log)
+}
+
+// refuse is ErrMisconfigured, naming every field, when got breaks spec's rule.
+func refuse(spec Spec, got jetstream.StreamConfig) error {
+	if diffs := Diff(spec, got); len(diffs) > 0 {
+		return &permanentError{fmt.Errorf("%w: %s (%s): %s", ErrMisconfigured, spec.Config.Name, spec.Rule, joinDiffs(diffs))}
+	}
+	return nil
+}
+
+// tune updates the limits of a tunable stream whose configuration got differs from spec's in
+// them: its age, bytes and message count, and its consumer limits.
+func tune(ctx context.Context, js jetstream.JetStream, spec Spec, got jetstream.StreamConfig, log *slog.Logger) error {
+	want := spec.Config
+	if spec.Tunable && (got.MaxAge != want.MaxAge || got.MaxBytes != want.MaxBytes || got.MaxMsgs != want.MaxMsgs ||
+		got.MaxConsumers != want.MaxConsumers || got.ConsumerLimits != want.ConsumerLimits) {
+		got.MaxAge, got.MaxBytes, got.MaxMsgs = want.MaxAge, want.MaxBytes, want.MaxMsgs
+		got.MaxConsumers, got.ConsumerLimits = want.MaxConsumers, want.ConsumerLimits
+		if _, err := js.UpdateStream(ctx, got); err != nil {
+			return fmt.Errorf("update limits of stream %s: %w", want.Name, err)
+		}
+		log.Info("updated stream limits", "stream", want.Name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes, "max_msgs", got.MaxMsgs,
+			"max_consumers", got.MaxConsumers, "consumer_inactive_threshold", got.ConsumerLimits.InactiveThreshold)
+	}
+	return nil
+}
+
+// sweepReaders deletes every consumer of s that its readers' limits forbid: a push consumer
+// (it delivers wherever its creator said, in the plane account), or one that never goes
+// inactive or outlives inactive. A release before the limits let the read API make them; the
+// limits, once set, keep such a consumer but make no new one. A consumer deleted meanwhile is
+// no error.
+func sweepReaders(ctx context.Context, s jetstream.Stream, inactive time.Duration, log *slog.Logger) error {
+	l := s.ListConsumers(ctx)
+	var bad []string
+	for ci := range l.Info() {
+		c := ci.Config
+		if c.DeliverSubject != "" || c.InactiveThreshold <= 0 || c.InactiveThreshold > inactive {
+			bad = append(bad, ci.Name)
+		}
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("list consumers of stream %s: %w", s.CachedInfo().Config.Name, err)
+	}
+	for _, name := range bad {
+		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("delete consumer %s of stream %s: %w", name, s.CachedInfo().Config.Name, err)
+		}
+	}
+	if len(bad) > 0 {
+		log.Warn("deleted consumers that break the stream's reader limits (push, or never inactive)",
+			"stream", s.CachedInfo().Config.Name, "consumers", len(bad))
 	}
 	return nil
 }
@@ -93,7 +155,6 @@ func Diff(spec Spec, got jetstream.StreamConfig) []string {
 	check("deny_delete", !got.DenyDelete, false, true)
 	check("deny_purge", !got.DenyPurge, false, true)
 	check("no_ack", got.NoAck != want.NoAck, got.NoAck, want.NoAck)
-	check("max_msgs", got.MaxMsgs != want.MaxMsgs, got.MaxMsgs, want.MaxMsgs)
 	check("sealed", got.Sealed, true, false)
 	check("mirror", got.Mirror != nil, "set", "none")
 	check("sources", len(got.Sources) > 0, "set", "none")
@@ -107,6 +168,7 @@ func Diff(spec Spec, got jetstream.StreamConfig) []string {
 	check("allow_msg_schedules", got.AllowMsgSchedules, true, false)
 	check("persist_mode", got.PersistMode != want.PersistMode, got.PersistMode, want.PersistMode)
 	if !spec.Tunable {
+		check("max_msgs", got.MaxMsgs != want.MaxMsgs, got.MaxMsgs, want.MaxMsgs)
 		check("max_age", got.MaxAge != want.MaxAge, got.MaxAge, want.MaxAge)
 		check("max_bytes", got.MaxBytes != want.MaxBytes, got.MaxBytes, want.MaxBytes)
 	}

@@ -36,6 +36,16 @@ type KV struct {
 	kv     jetstream.KeyValue
 	stream jetstream.Stream
 	bucket string
+	// retries counts the writes fences retried on the bucket (fence.RetryCounter); nil counts
+	// nothing.
+	retries *atomic.Int64
+}
+
+// Retried counts one write a fence retried on the bucket.
+func (k *KV) Retried() {
+	if k.retries != nil {
+		k.retries.Add(1)
+	}
 }
 
 // The headers a KV delete or purge marker carries.

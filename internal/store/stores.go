@@ -2,11 +2,11 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,10 +35,18 @@ type Stores struct {
 	Keys    *KV
 	Secrets *KV
 
-	js jetstream.JetStream
+	// Retries counts the writes fences retried on any of the buckets: what the plane's
+	// metrics export.
+	Retries atomic.Int64
+
+	js      jetstream.JetStream
+	opts    Options
+	log     *slog.Logger
+	witness witnesses
 }
 
-// Open ensures every stream of the space (Ensure) and opens the buckets.
+// Open ensures every stream of the space (Ensure) and every owner's witness stream that
+// exists, and opens the buckets.
 func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog.Logger) (*Stores, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -47,7 +55,10 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 	if err := Ensure(ctx, js, Specs(space, o), log); err != nil {
 		return nil, err
 	}
-	s := &Stores{Space: space, js: js}
+	s := &Stores{Space: space, js: js, opts: o.withDefaults(), log: log}
+	if err := s.openWitnesses(ctx); err != nil {
+		return nil, err
+	}
 	for _, b := range []struct {
 		kv   **KV
 		name string
@@ -71,6 +82,7 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", b.name, err)
 		}
+		kv.retries = &s.Retries
 		*b.kv = kv
 	}
 	return s, nil
@@ -89,23 +101,6 @@ func (s *Stores) Append(ctx context.Context, subject string, data []byte, msgID 
 		return fmt.Errorf("append %s: %w", subject, Classify(err))
 	}
 	return nil
-}
-
-// Witnessed reports whether the witness stream holds a run-start published on subject (a
-// leader read): one a caller published within the stream's five minutes.
-func (s *Stores) Witnessed(ctx context.Context, subject string) (bool, error) {
-	st, err := s.js.Stream(ctx, subjects.WitnessStream(s.Space))
-	if err != nil {
-		return false, Classify(err)
-	}
-	_, err = st.GetLastMsgForSubject(ctx, subject)
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	case err != nil:
-		return false, Classify(err)
-	}
-	return true, nil
 }
 
 // MintedKeys lists the public keys of instance iid's `minted` records, sorted: every key a

@@ -16,33 +16,67 @@ import (
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 // Assignment is `assignment.<owner>` in the platform bucket: the original's host record, plus
 // who assigned it and a writer-unique nonce. Its revision is the KV revision (never stored).
-// Instance, lifecycle and expiresAt never change; ended is terminal.
+// Instance, lifecycle and expiresAt never change. Its state goes assigned → ending (an end
+// began) → ended (the end's outcome is settled), and never back. This is the stored schema: the
+// reply to supervisor-assign (client.Assignment) is made from it, and may change on its own.
 type Assignment struct {
-	client.Assignment
-	Nonce string `json:"nonce"`
+	V                int      `json:"v"`
+	Kind             string   `json:"kind"`
+	Owner            string   `json:"owner"`
+	Space            string   `json:"space"`
+	AccountPublicKey string   `json:"accountPublicKey"`
+	InstanceID       string   `json:"instanceId"`
+	LifecycleUID     string   `json:"lifecycleUid"`
+	State            string   `json:"state"`
+	ExpiresAt        int64    `json:"expiresAt"`
+	Scope            []string `json:"scope"`
+	AssignedBy       string   `json:"assignedBy"`
+	Nonce            string   `json:"nonce"`
 }
+
+// The states of an assignment, as stored.
+const (
+	// StateAssigned: in force.
+	StateAssigned = "assigned"
+	// StateEnding: an end began; it authorizes nothing, and no new assignment for the owner is
+	// made until a repeat of the end completes it.
+	StateEnding = "ending"
+	// StateEnded: the end's outcome is settled (every key revoked at the broker, or recorded as
+	// not possible). Terminal.
+	StateEnded = "ended"
+)
+
+// kindAssignment is the `kind` of a stored assignment row.
+const kindAssignment = "platform-supervisor"
+
+// maxAssignmentRow bounds a stored assignment.
+const maxAssignmentRow = 4 << 10
 
 // parseAssignment decodes and checks a stored assignment.
 func parseAssignment(data []byte) (Assignment, error) {
 	var a Assignment
-	if err := body.Decode(data, &a); err != nil {
+	if err := rows.Decode(data, &a, maxAssignmentRow); err != nil {
 		return Assignment{}, err
 	}
 	switch {
-	case a.V != 1 || a.Kind != client.KindAssignment:
+	case a.V != 1 || a.Kind != kindAssignment:
 		return Assignment{}, errors.New("not a version 1 platform-supervisor row")
-	case a.State != client.StateAssigned && a.State != client.StateEnded:
+	case a.State != StateAssigned && a.State != StateEnding && a.State != StateEnded:
 		return Assignment{}, fmt.Errorf("state %q", a.State)
-	case a.Nonce == "" || a.Revision != 0:
-		return Assignment{}, errors.New("no nonce, or a stored revision")
+	case a.Nonce == "":
+		return Assignment{}, errors.New("no nonce")
 	}
 	return a, nil
 }
+
+// over reports whether the assignment authorizes nothing more: its end began.
+func (a Assignment) over() bool { return a.State != StateAssigned }
 
 // assignmentOf is the fence of owner's assignment in the platform bucket.
 func (s *Supervisor) assignmentOf(owner string) *fence.Fence[Assignment] {
@@ -54,9 +88,10 @@ type observedAssignment = fence.Observed[Assignment]
 
 // record is the reply form of an observed assignment: the row and its revision.
 func record(o *observedAssignment) *client.Assignment {
-	a := o.Row.Assignment
-	a.Revision = o.Revision
-	return &a
+	a := o.Row
+	return &client.Assignment{V: a.V, Kind: a.Kind, Owner: a.Owner, Space: a.Space, AccountPublicKey: a.AccountPublicKey,
+		InstanceID: a.InstanceID, LifecycleUID: a.LifecycleUID, State: a.State, ExpiresAt: a.ExpiresAt,
+		Scope: slices.Clone(a.Scope), AssignedBy: a.AssignedBy, Revision: o.Revision}
 }
 
 // auditOf names an observed assignment in a record.
@@ -148,17 +183,20 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 			return nil, about, Ended(req.Owner, nil)
 		}
 	}
-	want := Assignment{Assignment: client.Assignment{V: 1, Kind: client.KindAssignment, Owner: req.Owner, Space: s.Space,
-		AccountPublicKey: s.Account, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: client.StateAssigned,
-		ExpiresAt: req.ExpiresAt, Scope: []string{ledger.Supervise}, AssignedBy: caller.String()}}
+	want := Assignment{V: 1, Kind: kindAssignment, Owner: req.Owner, Space: s.Space,
+		AccountPublicKey: s.Account, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: StateAssigned,
+		ExpiresAt: req.ExpiresAt, Scope: []string{ledger.Supervise}, AssignedBy: caller.String()}
 	o, err := s.assignmentOf(req.Owner).Update(ctx, func(cur *observedAssignment) (Assignment, error) {
 		a := cur.Row
 		switch {
 		case cur.Absent():
 			return want, nil
-		case a.State == client.StateEnded && (a.InstanceID == want.InstanceID || a.LifecycleUID == want.LifecycleUID):
+		case a.over() && (a.InstanceID == want.InstanceID || a.LifecycleUID == want.LifecycleUID):
 			return Assignment{}, Ended(req.Owner, nil)
-		case a.State == client.StateEnded:
+		case a.State == StateEnding:
+			// A new lifecycle never buries an unfinished end: its keys might never be revoked.
+			return Assignment{}, fault.New(fault.FailedPrecondition, "owner %s's assignment of instance %s (lifecycle %s) is still ending; repeat supervisor-end for it to complete the end first", req.Owner, a.InstanceID, a.LifecycleUID)
+		case a.State == StateEnded:
 			return want, nil // the ended lifecycle stays ended; this is a new one
 		case a.InstanceID == want.InstanceID && a.LifecycleUID == want.LifecycleUID && a.ExpiresAt == want.ExpiresAt:
 			return Assignment{}, fence.ErrKeep // a repeat of the assignment in force
@@ -172,7 +210,7 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 	return record(o), about, nil
 }
 
-// Vouch is what a supervised instance's own renewal stands on (DESIGN §6.1): owner's assignment,
+// Vouch is what a supervised instance's own renewal stands on (docs/PROTOCOL.md, "manager-authority"): owner's assignment,
 // read now, is still assigned to instance iid and lifecycle uid, and has not passed its end;
 // and the lifecycle's recorded generations still resolve (an end retired them, whatever the
 // assignment row says now).
@@ -185,7 +223,7 @@ func (s *Supervisor) Vouch(ctx context.Context, owner, iid, uid string) error {
 	switch {
 	case a.InstanceID != iid || a.LifecycleUID != uid:
 		return fault.New(fault.PermissionDenied, "the platform supervisor assignment of owner %s is not for instance %s and this lifecycle", owner, iid)
-	case a.State == client.StateEnded:
+	case a.over():
 		return Ended(owner, nil)
 	case a.ExpiresAt <= s.Now().Unix():
 		return lapsed(owner)

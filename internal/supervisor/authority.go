@@ -31,7 +31,7 @@ var supervisable = map[string]bool{
 }
 
 // Authority serves supervisor-authority for caller, a platform admin acting on an owner's
-// behalf. In order: the body; the checks of the original (reference §2.6): platform admin, the
+// behalf. In order: the body; the checks of the original (its refusal order, kept): platform admin, the
 // assignment names this owner, space and account, is not ended (the ended text), is assigned
 // at the revision named, has not passed its end, grants exactly `supervise`, and covers the
 // request's space, instance and lifecycle; the operation is one a supervisor may ask for, and
@@ -89,7 +89,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 	}
 	a := o.Row
 	switch {
-	case a.State == client.StateEnded:
+	case a.over():
 		return nil, about, Ended(env.Owner, nil)
 	case o.Revision != *env.AssignmentRevision:
 		return nil, about, fault.New(fault.PermissionDenied, "assignmentRevision %d is not the revision of owner %s's assignment in force", *env.AssignmentRevision, env.Owner)

@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/revocation"
 )
 
 // Supervisor serves the platform supervisor of one space: supervisor-assign,
@@ -26,16 +28,18 @@ type Supervisor struct {
 
 	// Engine runs the manager-service operations a supervisor asks for, through the pipeline.
 	Engine *manager.Engine
-	// Minted lists the keys of every credential minted for an instance: what an end revokes.
+	// Minted lists the keys of every credential minted for an instance, and Claims says which
+	// instance claimed each: an end revokes those its instance claimed.
 	Minted Minted
+	Claims *claim.Claims
 	// Revocations is the data account's revocation set and the broker it is applied to.
-	Revocations *Revocations
+	Revocations *revocation.Set
 	Audit       Recorder
 
 	// MaxTTL bounds an assignment's expiresAt from now (--max-assignment-ttl).
 	MaxTTL time.Duration
 	Now    func() time.Time
-	// AfterEndStep, when set, runs after each step (1 to 5) of the end of instance iid's
+	// AfterEndStep, when set, runs after each step (1 to 7) of the end of instance iid's
 	// assignment; an error stops the end there, as a crash would. A test seam.
 	AfterEndStep func(iid string, step int) error
 }
@@ -48,5 +52,6 @@ type Minted interface {
 // Recorder writes the supervisor's own decisions: `assigned` and `ended`.
 type Recorder interface {
 	Assigned(ctx context.Context, req audit.Request, a audit.Assignment)
-	Ended(ctx context.Context, req audit.Request, a audit.Assignment, reason string, revoked []string)
+	// Ended records an end's outcome; an error means it is not on record.
+	Ended(ctx context.Context, req audit.Request, a audit.Assignment, reason string, revoked, unrevoked []string) error
 }

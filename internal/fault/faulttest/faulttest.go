@@ -1,4 +1,4 @@
-// Package faulttest checks refusals the way DESIGN §5 bounds them, for the fuzz targets of
+// Package faulttest checks refusals the way docs/PROTOCOL.md bounds them ("Bodies"), for the fuzz targets of
 // every package that refuses a caller's input: a *fault.Error of an expected code, whose message
 // is short and repeats little of what the caller sent.
 package faulttest
@@ -15,7 +15,7 @@ import (
 // still match the input verbatim: the quotes and the punctuation beside them (`: "…"`).
 const Slack = 8
 
-// Refused checks that err refuses input as DESIGN §5 requires, and returns the refusal: it is a
+// Refused checks that err refuses input as docs/PROTOCOL.md requires ("Bodies"), and returns the refusal: it is a
 // *fault.Error (found with errors.As), its code is one of codes (bad-request when none is
 // given), its message is at most fault.MaxMessage bytes, and it repeats at most
 // fault.MaxQuote+Slack consecutive bytes of input.

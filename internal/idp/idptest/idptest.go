@@ -195,6 +195,10 @@ func (p *IdP) Forgeries(t testing.TB) []Forgery {
 		{"expired", p.Token(t, with("exp", time.Now().Add(-time.Minute).Unix()))},
 		{"issued in the future", p.Token(t, with("iat", time.Now().Add(time.Minute).Unix()))},
 		{"no exp", p.Token(t, with("exp", nil))},
+		// A NumericDate is a JSON number; a string that spells one is not (RFC 7519 §2).
+		{"exp as a string", p.Token(t, with("exp", itoa(time.Now().Add(time.Hour).Unix())))},
+		{"iat as a string", p.Token(t, with("iat", itoa(time.Now().Unix())))},
+		{"nbf as a string", p.Token(t, with("nbf", itoa(time.Now().Unix())))},
 		{"no iat", p.Token(t, with("iat", nil))},
 		{"no sub", p.Token(t, with("sub", nil))},
 		{"an empty sub", p.Token(t, with("sub", ""))},

@@ -1,0 +1,311 @@
+package integration
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// excessLife is how long a connection past its budget may live (docs/OPERATIONS.md,
+// "Connections"): the plane kicks it when the broker's connect event reaches it.
+const excessLife = 2 * time.Second
+
+// hog opens connections with one credential as fast as the broker lets it, and opens another
+// whenever one is closed, until stop: what one caller did to the data account's 40 connections
+// (issue 19, finding 4). It reports the longest life of a connection that was closed under it.
+type hog struct {
+	live    atomic.Int64
+	opened  atomic.Int64
+	refused atomic.Int64
+	longest atomic.Int64 // nanoseconds
+	ending  atomic.Bool
+	stop    chan struct{}
+	done    chan struct{}
+
+	mu    sync.Mutex
+	conns []hogConn
+}
+
+type hogConn struct {
+	nc     *nats.Conn
+	opened time.Time
+}
+
+// held counts the hog's connections that are up and older than d.
+func (h *hog) held(d time.Duration) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range h.conns {
+		if c.nc.IsConnected() && time.Since(c.opened) > d {
+			n++
+		}
+	}
+	return n
+}
+
+func startHog(t *testing.T, url, creds string, want int) *hog {
+	t.Helper()
+	h := &hog{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		for {
+			select {
+			case <-h.stop:
+				h.ending.Store(true) // what is closed from here on, the hog closed
+				h.mu.Lock()
+				for _, c := range h.conns {
+					c.nc.Close()
+				}
+				h.mu.Unlock()
+				return
+			default:
+			}
+			if h.live.Load() >= int64(want) {
+				time.Sleep(5 * time.Millisecond) // the hog's pacing, not a wait for the plane
+				continue
+			}
+			// A kick may land before Connect returns: the life counts from the attempt.
+			opened := time.Now()
+			nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.Name("hog"),
+				nats.ClosedHandler(func(*nats.Conn) {
+					h.live.Add(-1)
+					if h.ending.Load() {
+						return
+					}
+					if life := time.Since(opened); int64(life) > h.longest.Load() {
+						h.longest.Store(int64(life))
+					}
+				}))
+			if err != nil {
+				h.refused.Add(1)
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			h.live.Add(1)
+			h.opened.Add(1)
+			time.Sleep(5 * time.Millisecond) // the hog's pacing: 200 connects a second at most
+			h.mu.Lock()
+			h.conns = append(h.conns, hogConn{nc, opened})
+			h.mu.Unlock()
+		}
+	}()
+	t.Cleanup(h.end)
+	return h
+}
+
+func (h *hog) end() {
+	select {
+	case <-h.stop:
+	default:
+		close(h.stop)
+	}
+	<-h.done
+}
+
+// agentBearer makes owner.actor a managed agent and exchanges its secret on p's public face.
+func agentBearer(t *testing.T, p *testPlane, owner, actor string) string {
+	t.Helper()
+	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), owner, actor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exchange(t, p.PublicURL(), map[string]any{"owner": owner, "actor": actor, "actorToken": secret}).Token
+}
+
+// Finding 4 of issue 19: one caller credential opened 39 of the data account's 40 connections;
+// every other principal got "maximum account active connections exceeded", and so did the
+// plane's own serving-user renewal while /health said ok. Now each principal has a cap, the
+// tenants together keep out of the plane's reserve, a bearer past either is refused by the
+// auth callout, a JWT user past either is kicked within excessLife, and the plane renews its
+// serving user through the flood.
+func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
+	t.Parallel()
+	const ttl = 10 * time.Second
+	logs := &syncBuffer{}
+	start := time.Now()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 4
+		c.PlaneUserTTL, c.RequestTimeout, c.Rate = ttl, 2*time.Second, 0
+		c.Logger = newTextLogger(logs)
+	})
+	b := fetchBundle(t, p.PublicURL())
+
+	// One credential tries to hold all 40 until the plane has renewed its serving user: it
+	// keeps its 4. (Without the budgets it had filled the account by now.)
+	h := startHog(t, p.NATSURL(), writeCallerCreds(t, p.Keys(), ownerA, "hog"), 40)
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := h.opened.Load(); n < 40 && h.refused.Load() == 0 {
+			return fmt.Errorf("the hog opened %d connections so far", n)
+		}
+		return nil
+	})
+
+	// Other principals still connect, up to their caps: four JWT users and four bearer users
+	// (through the callout), four connections each. With the hog's four that is the tenants'
+	// 36 (40 less the plane's reserve of 4).
+	var legit []*nats.Conn
+	for i := range 4 {
+		actor := fmt.Sprintf("jwt%d", i)
+		creds := writeCallerCreds(t, p.Keys(), ownerB, actor)
+		for range 4 {
+			legit = append(legit, connectCreds(t, p.NATSURL(), creds, ownerB, actor))
+		}
+	}
+	for i := range 4 {
+		actor := fmt.Sprintf("agent%d", i)
+		token := agentBearer(t, p, ownerB, actor)
+		for k := range 4 {
+			nc, err := bearerConnect(t, b, token, ownerB, actor)
+			if err != nil {
+				t.Fatalf("bearer connection %d of %s.%s: %v", k+1, ownerB, actor, err)
+			}
+			legit = append(legit, nc)
+		}
+		if i == 0 {
+			// A fifth is past the principal's cap: the callout refuses it.
+			if nc, err := bearerConnect(t, b, token, ownerB, actor); err == nil {
+				nc.Close()
+				t.Fatalf("a fifth bearer connection of %s.%s was let in, want its cap of 4 to refuse it", ownerB, actor)
+			}
+		}
+	}
+
+	// A JWT user past its cap, and one past the tenants' budget, connect (user JWTs carry no
+	// connection limit) and are kicked within excessLife.
+	for _, tt := range []struct{ what, actor string }{{"a fifth connection of " + ownerB + ".jwt0", "jwt0"}, {"a principal past the tenants' 36", "late"}} {
+		closed := make(chan time.Time, 1)
+		nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(writeCallerCreds(t, p.Keys(), ownerB, tt.actor)), nats.NoReconnect(),
+			nats.ClosedHandler(func(*nats.Conn) { closed <- time.Now() }))
+		if err != nil {
+			t.Fatalf("%s: %v, want it to connect and then be kicked", tt.what, err)
+		}
+		opened := time.Now()
+		select {
+		case at := <-closed:
+			if life := at.Sub(opened); life > excessLife {
+				t.Errorf("%s lived %s, want at most %s", tt.what, life, excessLife)
+			}
+		case <-time.After(10 * time.Second):
+			nc.Close()
+			t.Fatalf("%s is still connected after 10 s, want it kicked within %s", tt.what, excessLife)
+		}
+	}
+	// A bearer user past the tenants' budget is refused by the callout.
+	if nc, err := bearerConnect(t, b, agentBearer(t, p, ownerB, "lateagent"), ownerB, "lateagent"); err == nil {
+		nc.Close()
+		t.Fatal("a bearer connection past the tenants' 36 was let in, want the plane's reserve kept")
+	}
+
+	// The plane renews its serving user through the flood, and serves past the first one's
+	// expiry.
+	checkFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
+		if !strings.Contains(logs.String(), `msg="renewed the serving user" conn=serving`) {
+			return fmt.Errorf("the serving user not renewed yet")
+		}
+		return nil
+	})
+	if held := h.held(excessLife); held > 4 {
+		t.Errorf("the hog held %d connections older than %s, want at most its cap of 4", held, excessLife)
+	}
+	h.end()
+	if longest := time.Duration(h.longest.Load()); longest > excessLife {
+		t.Errorf("a connection of the hog past its cap lived %s, want at most %s", longest, excessLife)
+	}
+	t.Logf("the hog opened %d connections; the longest a kicked one lived: %s", h.opened.Load(), time.Duration(h.longest.Load()))
+	checkFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
+		if time.Since(start) < ttl+time.Second {
+			return fmt.Errorf("the first serving user expires at %s", start.Add(ttl).Format(time.TimeOnly))
+		}
+		return nil
+	})
+	if o := ask(t, legit[0], ownerB, "jwt0", subjects.EndpointManagerAuthority, map[string]any{"kind": "nonsense"}); o.code != "bad-request" {
+		t.Fatalf("a call after the serving user's renewal: got %q %q, want the plane's bad-request", o.code, o.message)
+	}
+	if r := get(t, p.HTTPURL()+"/health"); r.Status != 200 {
+		t.Errorf("/health: got %d %s, want 200", r.Status, r.Body)
+	}
+	for i, nc := range legit {
+		if !nc.IsConnected() {
+			t.Errorf("legitimate connection %d: got %s, want it still connected", i, nc.Status())
+		}
+	}
+
+	families := scrape(t, p.HTTPURL())
+	for _, l := range []map[string]string{
+		{"budget": "principal", "by": "callout"},
+		{"budget": "principal", "by": "kick"},
+		{"budget": "tenants", "by": "callout"},
+		{"budget": "tenants", "by": "kick"},
+	} {
+		if n := sample(families, "authplane_connections_refused_total", l); n < 1 {
+			t.Errorf("/metrics authplane_connections_refused_total%v: got %v, want at least 1", l, n)
+		}
+	}
+}
+
+// The rest of finding 4: the serving user's renewal failed while /health said ok. A reserve
+// too small for the replicas (two against one broker, the reserve 2: no room for either to
+// renew while the tenants hold their share) makes it fail here: /health says so and the
+// failure is counted, and the renewal is retried until a slot frees, before the current user
+// expires; then /health is ok again.
+func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
+	t.Parallel()
+	const ttl = 15 * time.Second
+	s := startStandalone(t, testSpace)
+	var planes []*testPlane
+	for range 2 {
+		planes = append(planes, startPlane(t, func(c *service.Config) {
+			againstStandalone(s)(c)
+			c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 4, 2, 2
+			c.PlaneUserTTL, c.RequestTimeout = ttl, 2*time.Second
+		}))
+	}
+	a := planes[0]
+	// Two tenants take the share of 4 less the reserve; the account is full.
+	var tenants []*nats.Conn
+	for _, actor := range []string{"one", "two"} {
+		tenants = append(tenants, callerConn(t, a, ownerA, actor))
+	}
+	var reason string
+	checkFor(t, ttl, 50*time.Millisecond, func() error {
+		r := get(t, a.HTTPURL()+"/health")
+		if r.Status == 200 {
+			return fmt.Errorf("/health is ok")
+		}
+		if reason = r.field("reason"); !strings.Contains(reason, "renewing the serving user fails") {
+			return fmt.Errorf("/health: got %d %s, want the failing renewal", r.Status, r.Body)
+		}
+		return nil
+	})
+	if !strings.Contains(reason, "maximum account active connections") {
+		t.Errorf("/health's reason: got %q, want the broker's refusal in it", reason)
+	}
+	if n := sample(scrape(t, a.HTTPURL()), "authplane_plane_user_renewals_failed_total", map[string]string{"conn": "serving"}); n < 1 {
+		t.Errorf("/metrics failed serving renewals: got %v, want at least 1", n)
+	}
+	tenants[0].Close()
+	for i, p := range planes {
+		checkFor(t, ttl, 50*time.Millisecond, func() error {
+			if r := get(t, p.HTTPURL()+"/health"); r.Status != 200 {
+				return fmt.Errorf("plane %d's /health: got %d %s, want ok once a slot is free", i, r.Status, r.Body)
+			}
+			return nil
+		})
+	}
+	o := ask(t, tenants[1], ownerA, "two", subjects.EndpointManagerAuthority, map[string]any{"kind": "nonsense"})
+	if o.code != "bad-request" {
+		t.Fatalf("a call after the renewals: got %q %q, want the plane's bad-request", o.code, o.message)
+	}
+}

@@ -1,0 +1,276 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// systemConn connects to the plane's broker as a system-account user with the plane's own
+// system permissions (push and read back account JWTs, list connections).
+func systemConn(t testing.TB, p *testPlane) *nats.Conn {
+	t.Helper()
+	keys := p.Keys()
+	iss, err := mint.NewIssuer(keys.System.Public(), keys.System.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	token, err := iss.Sign(mint.User{Name: "test.system", Key: pub, Expires: time.Now().Add(time.Hour),
+		Permissions: subjects.SystemPermissions(keys.Data.Public(), keys.Plane.Public())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.NATSURL(), nats.UserJWTAndSeed(token, string(seed)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// dataAccountAtBroker returns the data account's claims as the plane's broker holds them,
+// read as the plane's system user reads them, and the JWT's size.
+func dataAccountAtBroker(t testing.TB, p *testPlane) (*jwt.AccountClaims, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tokens, err := broker.Account{NC: systemConn(t, p), Public: p.Account()}.Lookup(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, err := jwt.DecodeAccountClaims(tokens[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claims, len(tokens[0])
+}
+
+// revocationSet reads the data account's revocation set from the fence bucket.
+func revocationSet(t testing.TB, p *testPlane) map[string]int64 {
+	t.Helper()
+	var set struct {
+		Revoked map[string]int64 `json:"revoked"`
+	}
+	readRecord(t, p, subjects.AuthBucket(testSpace), "$KV."+subjects.AuthBucket(testSpace)+"."+subjects.RevocationsKey(p.Account()), &set)
+	return set.Revoked
+}
+
+// latestExp is the latest expiry among the credentials of materials.
+func latestExp(materials ...*client.Material) int64 {
+	var e int64
+	for _, m := range materials {
+		for _, c := range m.Credentials {
+			e = max(e, c.Exp)
+		}
+	}
+	return e
+}
+
+// TestARevokedKeyLeavesTheSetOnceEveryCredentialItRevokedHasExpiredAndNeverBefore: an end
+// revokes its keys at the plane's time plus the skew; they stay on the set and in the account
+// JWT the broker holds while any credential they revoke could be live, and the first end past
+// the longest life of any credential (plus the skew) drops them from both. The plane runs on
+// a test clock that jumps a day (service.Config.Now: the wall clock cannot be moved here).
+func TestARevokedKeyLeavesTheSetOnceEveryCredentialItRevokedHasExpiredAndNeverBefore(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{}
+	p, pa, first := supervisedPlane(t, func(c *service.Config) { c.Now = clock.now }, time.Now().Add(29*24*time.Hour))
+	if _, err := pa.end(first); err != nil {
+		t.Fatalf("the first end: %v", err)
+	}
+	keys := identityKeys(t, first.m)
+	set := revocationSet(t, p)
+	revokedAt := set[keys[0]]
+	// The bound, as the docs state it: the longest life of a credential (a standing one at
+	// --standing-ttl's maximum, 24 h) and the skew (a minute) past the revocation time.
+	bound := time.Unix(revokedAt, 0).Add(24*time.Hour + time.Minute)
+	exp := latestExp(first.prep, first.act)
+	if !time.Unix(exp, 0).Before(bound) {
+		t.Fatalf("a credential expires at %d, not before its key may leave the set (%s)", exp, bound)
+	}
+
+	endAnother := func(what string) {
+		t.Helper()
+		s := pa.assign(clock.now().Add(24 * time.Hour))
+		pa.register(s)
+		if _, err := pa.end(s); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	held := func(what string, want bool) {
+		t.Helper()
+		set := revocationSet(t, p)
+		claims, _ := dataAccountAtBroker(t, p)
+		for _, k := range keys {
+			_, onSet := set[k]
+			_, atBroker := claims.Revocations[k]
+			if onSet != want || atBroker != want {
+				t.Errorf("%s: key %s on the set %t, in the broker's account JWT %t; want %t", what, k, onSet, atBroker, want)
+			}
+		}
+	}
+	// Just before the first credential's expiry, and just before the bound: still revoked.
+	clock.advance(time.Unix(exp-1, 0).Sub(clock.now()))
+	endAnother("an end as the credentials are about to expire")
+	held("as the credentials are about to expire", true)
+	clock.advance(bound.Add(-2 * time.Second).Sub(clock.now()))
+	endAnother("an end just before the bound")
+	held("just before the bound", true)
+	// Past it: gone from the set and the broker.
+	clock.advance(3 * time.Second)
+	endAnother("an end past the bound")
+	held("past the bound", false)
+}
+
+// TestAnEndPastTheRevocationSetsCeilingRetiresTheLifecycleAndNamesTheKeysItCouldNotRevoke: the
+// set is filled to two keys short of its capacity (the most keys whose account JWT fits in one
+// broker message). An end of a lifecycle with five keys still freezes and retires it and marks
+// its assignment ended; it revokes the two keys that fit, answers resource-exhausted, lists
+// the three it could not revoke in the refusal's report and in its `ended` record, and nothing
+// is minted under the lifecycle afterwards. The account JWT the broker holds at the ceiling is
+// within one message.
+func TestAnEndPastTheRevocationSetsCeilingRetiresTheLifecycleAndNamesTheKeysItCouldNotRevoke(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
+	capacity := p.info.RevocationCapacity
+	if capacity < 5_000 || capacity > 20_000 {
+		t.Fatalf("capacity %d keys under a 1 MiB broker message; want about 11,000", capacity)
+	}
+	fillRevocationSet(t, p, capacity-2)
+	own := watchDuty(t, p.NATSURL(), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
+
+	_, err := pa.end(s)
+	var refusal *client.Refusal
+	if !errors.As(err, &refusal) || refusal.Code != "resource-exhausted" {
+		t.Fatalf("the end past the ceiling: got %v, want resource-exhausted", err)
+	}
+	var report client.EndReport
+	if err := json.Unmarshal(refusal.Details, &report); err != nil {
+		t.Fatalf("the refusal's details %s: %v", refusal.Details, err)
+	}
+	if report.Assignment.State != client.StateEnded || report.Retired.Gate != "retired" || report.Done || report.Revoked.Done ||
+		len(report.Revoked.NKeys) != 5 || len(report.Revoked.Unrevoked) != 3 {
+		t.Fatalf("the report: got %+v, want the lifecycle ended and retired, five keys, three of them unrevoked", report)
+	}
+	if len(refusal.Message) > 256 || strings.Contains(refusal.Message, report.Revoked.Unrevoked[0]) {
+		t.Errorf("the refusal's message %q names keys or passes 256 bytes: they belong in the report", refusal.Message)
+	}
+	set := revocationSet(t, p)
+	if len(set) != capacity {
+		t.Errorf("the set holds %d keys, want its capacity %d", len(set), capacity)
+	}
+	for _, k := range report.Revoked.Unrevoked {
+		if _, ok := set[k]; ok {
+			t.Errorf("unrevoked key %s is on the set", k)
+		}
+	}
+	claims, size := dataAccountAtBroker(t, p)
+	if len(claims.Revocations) != capacity || size > 1<<20 {
+		t.Errorf("the broker's account JWT: %d revocations in %d bytes, want %d within one 1 MiB message", len(claims.Revocations), size, capacity)
+	}
+	revoked := 0
+	for _, k := range report.Revoked.NKeys {
+		if _, ok := claims.Revocations[k]; ok {
+			revoked++
+		}
+	}
+	if revoked != 2 {
+		t.Errorf("the broker revokes %d of the lifecycle's keys, want the 2 that fit", revoked)
+	}
+	var ended struct {
+		Revoked   []string `json:"revoked"`
+		Unrevoked []string `json:"unrevoked"`
+	}
+	m, err := lastMsg(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "ended", ownerP, "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(m.Data, &ended); err != nil || fmt.Sprint(ended.Unrevoked) != fmt.Sprint(report.Revoked.Unrevoked) {
+		t.Errorf("the ended record lists unrevoked %v (%v), want %v", ended.Unrevoked, err, report.Revoked.Unrevoked)
+	}
+	// Nothing more is minted under the lifecycle, through any door.
+	before := storeSeqs(t, p)
+	_, err = pa.authority(s, client.OpRenew)
+	wantRefusalOf(t, "supervisor-authority after the end", err, "permission-denied", endedText(s.owner))
+	if o := ownRenewal(own.nc, s, subjects.DutySupervisor, client.OpRenew); o.code == "" {
+		t.Errorf("the manager's own renewal after the end: issued, want a refusal")
+	}
+	wantUnwritten(t, p, "renewals after an end past the ceiling", before)
+}
+
+// fillRevocationSet writes n made-up keys (as long as user nkeys) on the data account's
+// revocation set, as ends of long ago would have left it, and has the plane's next end sign
+// them all.
+func fillRevocationSet(t testing.TB, p *testPlane, n int) {
+	t.Helper()
+	at := time.Now().Add(time.Hour).Unix()
+	revoked := make(map[string]int64, n)
+	for i := range n {
+		revoked[fmt.Sprintf("UFILL%051d", i)] = at
+	}
+	row, err := json.Marshal(map[string]any{"v": 1, "account": p.Account(), "revoked": revoked, "issuedAt": 0, "nonce": "fill"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := p.JS(t).KeyValue(callCtx(t), subjects.AuthBucket(testSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(callCtx(t), subjects.RevocationsKey(p.Account()), row); err != nil {
+		t.Fatalf("fill the revocation set (%d bytes): %v", len(row), err)
+	}
+}
+
+// TestTheRevocationSetsCapacityIsWhatOneBrokerMessageCarries: the data account's JWT signed
+// with as many revoked keys as the plane's capacity says is taken by the broker and fills at
+// least 99% of its largest message (1 MiB here); one with 1% more keys is over it and refused.
+// The capacity is the ceiling, measured, not a guess.
+func TestTheRevocationSetsCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	capacity := p.info.RevocationCapacity
+	keys := p.Keys()
+	sys := systemConn(t, p)
+	push := func(n int) (int, error) {
+		revoked := make(map[string]int64, n)
+		at := time.Now().Add(time.Hour).Unix()
+		for i := range n {
+			revoked[fmt.Sprintf("UCAP%052d", i)] = at
+		}
+		token, _, err := keys.DataAccountJWT(space.DataPolicy{MaxConnections: 10_000, Revocations: revoked})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return len(token), broker.PushAccount(ctx, sys, keys.Data.Public(), token)
+	}
+	maxPayload := int(sys.MaxPayload())
+	if size, err := push(capacity); err != nil || size < maxPayload*99/100 {
+		t.Fatalf("the account JWT at the capacity (%d keys, %d bytes): %v; want it taken, and at least 99%% of the broker's %d-byte message", capacity, size, err, maxPayload)
+	}
+	if size, err := push(capacity * 101 / 100); err == nil || size <= maxPayload {
+		t.Fatalf("the account JWT 1%% past the capacity (%d bytes): %v, want it over the broker's %d bytes and refused", size, err, maxPayload)
+	}
+}

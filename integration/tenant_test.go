@@ -1,0 +1,398 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/supervisor"
+	"github.com/cotal-ai/authplane/service"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// TestARunKeyClaimedByAnotherInstanceIsRefusedAndMintsNothing: an attempt naming, as its
+// driver or mediator, a key another instance claimed (another owner's supervisor key, the same
+// owner's other instance's executor key) is refused already-exists before anything is signed:
+// no credential, no `minted` record, no claim, no run fence. A fresh key is claimed for the
+// attempt's instance in its commit. (An owner once named another owner's supervisor key as its
+// driver; ending the first instance then revoked the second owner's key at the broker.)
+func TestARunKeyClaimedByAnotherInstanceIsRefusedAndMintsNothing(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	env := newRunEnv(t, p)
+	grant(t, p, ownerB, "cli", "supervise")
+	otherOwner := newManagerKeys(t)
+	registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", otherOwner)
+	sameOwner := newManagerKeys(t)
+	registered(t, env.cli.Conn(), ownerA, "cli", sameOwner)
+
+	for _, tt := range []struct {
+		name, field string
+		set         func(a *client.Attempt)
+	}{
+		{"the driver is another owner's supervisor", "attempt.driverId", func(a *client.Attempt) { a.DriverID = otherOwner.pub(t, subjects.DutySupervisor) }},
+		{"the mediator is the same owner's other instance's executor", "attempt.mediatorId", func(a *client.Attempt) { a.MediatorID = sameOwner.pub(t, subjects.DutyExecutor) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := env.newTakeover(env.admitted(), 1, 1)
+			tt.set(&tk.attempt)
+			before := storeSeqs(t, p)
+			rm, err := env.attempt(tk)
+			wantRefusal(t, err, "already-exists", tt.field)
+			if rm != nil {
+				t.Errorf("got %d credentials, want none", len(rm.Credentials))
+			}
+			wantUnwritten(t, p, tt.name, before)
+			if _, err := fenceEntry(t, p, subjects.RunFenceKey(tk.attempt.RunID)); err == nil {
+				t.Errorf("the refused attempt wrote the run fence")
+			}
+		})
+	}
+
+	t.Run("a fresh key is claimed for the attempt's instance", func(t *testing.T) {
+		tk := env.newTakeover(env.admitted(), 1, 1)
+		env.mustAttempt(tk)
+		for _, k := range []string{tk.attempt.DriverID, tk.attempt.MediatorID} {
+			var c struct {
+				InstanceID string `json:"instanceId"`
+			}
+			readRecord(t, p, subjects.AuthBucket(testSpace), "$KV."+subjects.AuthBucket(testSpace)+"."+subjects.NKeyClaimKey(k), &c)
+			if c.InstanceID != env.m.iid {
+				t.Errorf("the claim on %s names instance %q, want %s", k, c.InstanceID, env.m.iid)
+			}
+		}
+	})
+}
+
+// TestAnEndRevokesOnlyTheKeysItsInstanceClaimed: a `minted` record filed under the ended
+// instance for a key another instance claimed (what a mint discarded at its claim leaves) does
+// not make the end revoke that key: it is not on the end's list, not on the revocation set,
+// and the other owner's connection with it stays up; the instance's own keys are revoked.
+func TestAnEndRevokesOnlyTheKeysItsInstanceClaimed(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
+	grant(t, p, ownerB, "cli", "supervise")
+	other := newManagerKeys(t)
+	prep, _ := registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", other)
+	foreign := other.pub(t, subjects.DutySupervisor)
+	if _, err := p.JS(t).Publish(callCtx(t), subjects.MintedSubject(testSpace, s.m.iid, foreign), []byte(`{"v":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	otherConn := dutyConn(t, p, other, ownerB, subjects.DutySupervisor, prep.Credentials["supervisor"].JWT)
+
+	report, err := pa.end(s)
+	if err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	wantEndReport(t, s, report, identityKeys(t, s.m))
+	set := revocationSet(t, p)
+	if _, ok := set[foreign]; ok || strings.Contains(fmt.Sprint(report.Revoked.NKeys), foreign) {
+		t.Errorf("the other owner's key %s was revoked by the end (on the set %t)", foreign, ok)
+	}
+	for _, k := range identityKeys(t, s.m) {
+		if _, ok := set[k]; !ok {
+			t.Errorf("the instance's own key %s is not on the set", k)
+		}
+	}
+	if err := otherConn.FlushTimeout(5 * time.Second); err != nil || otherConn.IsClosed() {
+		t.Errorf("the other owner's connection: %v (closed %t), want it up", err, otherConn.IsClosed())
+	}
+}
+
+// TestACrashedEndBlocksANewAssignmentUntilItsRetryCompletes: an end stopped after each of its
+// steps (a test hook, as a crash would stop it) leaves the owner's assignment ending; a new
+// assignment for the owner is refused failed-precondition naming the pending end, the retried
+// end completes, revoking the old lifecycle's keys at the broker, and then the new assignment
+// is accepted. (A new assignment once buried a half-done end, whose retry was then refused and
+// whose keys were never revoked.)
+func TestACrashedEndBlocksANewAssignmentUntilItsRetryCompletes(t *testing.T) {
+	t.Parallel()
+	var crashAfter atomicStep
+	p := startPlane(t, func(c *service.Config) {
+		c.Hooks = &service.Hooks{AfterEndStep: crashAfter.hook}
+	})
+	pa := newPlatformAdmin(t, p, "admin")
+	for step := 1; step <= supervisor.EndSteps; step++ {
+		t.Run(fmt.Sprintf("after step %d", step), func(t *testing.T) {
+			s := pa.assign(time.Now().Add(time.Hour))
+			pa.register(s)
+			crashAfter.arm(s.m.iid, step)
+			if _, err := pa.end(s); err == nil || !strings.Contains(err.Error(), "stopped after step") {
+				t.Fatalf("the crashed end: got %v, want it stopped", err)
+			}
+			next := &supervised{owner: s.owner, m: newManagerKeys(t)}
+			_, err := pa.c.Assign(callCtx(t), next.assignBody(time.Now().Add(time.Hour)))
+			if step < supervisor.EndSteps {
+				wantRefusalOf(t, "a new assignment while the end is pending", err, "failed-precondition", "still ending")
+			} else if err != nil {
+				t.Fatalf("a new assignment after the end's last step: %v", err)
+			} else {
+				return // the end was complete; its crash came after it
+			}
+			report, err := pa.end(s)
+			if err != nil {
+				t.Fatalf("the retried end: %v", err)
+			}
+			if !report.Done || report.Assignment.State != client.StateEnded {
+				t.Fatalf("the retried end: got %+v, want it done and the assignment ended", report)
+			}
+			claims, _ := dataAccountAtBroker(t, p)
+			for _, k := range identityKeys(t, s.m) {
+				if _, ok := claims.Revocations[k]; !ok {
+					t.Errorf("key %s of the old lifecycle is not revoked at the broker", k)
+				}
+			}
+			wantRefusedToConnect(t, p.NATSURL(), s, subjects.DutySupervisor, s.prep.Credentials["supervisor"].JWT)
+			if _, err := pa.c.Assign(callCtx(t), next.assignBody(time.Now().Add(time.Hour))); err != nil {
+				t.Fatalf("a new assignment after the retried end: %v", err)
+			}
+		})
+	}
+}
+
+// TestRacingPreparesLeaveTheQuotaExact: nine first registrations of an owner with a quota of
+// four race, in three groups that each share an executor key, so that at most three win and
+// the others are refused already-exists (before signing, or at their commit). Afterwards the
+// owner's quota counts exactly its live gates: it registers new instances up to four, and the
+// next is refused resource-exhausted. (A prepare discarded at its commit once kept its slot for
+// good, and the fourth registration was refused.)
+func TestRacingPreparesLeaveTheQuotaExact(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.MaxInstancesPerOwner = 4; c.Rate = 0; c.Workers = 8 })
+	grant(t, p, ownerA, "cli", "supervise")
+	cli := callerConn(t, p, ownerA, "cli")
+	var racers []*managerKeys
+	for range 3 {
+		first := newManagerKeys(t)
+		racers = append(racers, first)
+		for range 2 {
+			m := newManagerKeys(t)
+			m.keys[subjects.DutyExecutor] = first.keys[subjects.DutyExecutor]
+			m.Identities.Executor.ID = first.Identities.Executor.ID
+			racers = append(racers, m)
+		}
+	}
+	outcomes := make([]outcome, len(racers))
+	var wg sync.WaitGroup
+	for i, m := range racers {
+		wg.Go(func() {
+			outcomes[i] = askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, m.body(t, "prepare", "cli"))
+		})
+	}
+	wg.Wait()
+	registered := 0
+	for i, o := range outcomes {
+		switch o.code {
+		case "":
+			registered++
+		case "already-exists", "resource-exhausted":
+		default:
+			t.Errorf("racer %d: got %s %q, want issued, already-exists or resource-exhausted", i, o.code, o.message)
+		}
+	}
+	if n := countMsgs(t, p, subjects.AuditStream(testSpace), subjects.AuditSubject(testSpace, "discarded", ownerA, "cli")); n == 0 {
+		t.Errorf("no racer was discarded at its commit: the test did not race")
+	}
+	live := liveGates(t, p, racers)
+	if live != registered || registered > 3 {
+		t.Fatalf("%d racers registered and %d gates are live; want them equal and at most one a group", registered, live)
+	}
+	for n := registered; n < 4; n++ {
+		m := newManagerKeys(t)
+		if o := askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, m.body(t, "prepare", "cli")); o.code != "" {
+			t.Fatalf("registration %d of 4 after the race: got %s %q, want it issued", n+1, o.code, o.message)
+		}
+	}
+	o := askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, newManagerKeys(t).body(t, "prepare", "cli"))
+	if o.code != "resource-exhausted" {
+		t.Fatalf("a fifth registration: got %s %q, want resource-exhausted", o.code, o.message)
+	}
+}
+
+// countMsgs counts the messages of stream on subject.
+func countMsgs(t testing.TB, p *testPlane, stream, subject string) uint64 {
+	t.Helper()
+	st, err := p.JS(t).Stream(callCtx(t), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(callCtx(t), jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subject]
+}
+
+// liveGates counts the open gates of ms's instances.
+func liveGates(t testing.TB, p *testPlane, ms []*managerKeys) int {
+	t.Helper()
+	n := 0
+	for _, m := range ms {
+		e, err := fenceEntry(t, p, subjects.GateKey(subjects.GateEndpointManager, m.iid))
+		if err != nil {
+			continue
+		}
+		if row, err := gate.Parse(e.Data); err == nil && row.State != gate.Retired {
+			n++
+		}
+	}
+	return n
+}
+
+// atomicStep is a test hook that stops the end of one instance after one step, once.
+type atomicStep struct {
+	mu   sync.Mutex
+	iid  string
+	step int
+}
+
+func (a *atomicStep) arm(iid string, step int) {
+	a.mu.Lock()
+	a.iid, a.step = iid, step
+	a.mu.Unlock()
+}
+
+func (a *atomicStep) hook(iid string, step int) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if iid == a.iid && step == a.step {
+		a.iid = ""
+		return errors.New("crashed (test hook)")
+	}
+	return nil
+}
+
+// budgetRefusals is what the plane's metrics count of refusals past the tenant budget b.
+func budgetRefusals(t testing.TB, p *testPlane, b string) float64 {
+	t.Helper()
+	fam := scrape(t, p.HTTPURL())["authplane_tenant_budget_refused_total"]
+	if fam == nil {
+		t.Fatalf("no authplane_tenant_budget_refused_total series")
+	}
+	for _, m := range fam.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "budget" && l.GetValue() == b {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series of budget %s", b)
+	return 0
+}
+
+// TestReRegisteringOneInstanceIsBoundedPerInstanceAndPerOwner: re-registering one instance
+// with fresh keys (what once filled the shared minted stream from one principal) is refused
+// resource-exhausted past --reregistrations-per-instance, writing nothing and counted; another
+// instance of the owner still re-registers until the owner's own budget is spent; another
+// owner's is untouched, and renewals of a refused instance go on.
+func TestReRegisteringOneInstanceIsBoundedPerInstanceAndPerOwner(t *testing.T) {
+	t.Parallel()
+	// A tenth of each hourly budget at once: two re-registrations of an instance, four of the owner.
+	p := startPlane(t, func(c *service.Config) { c.ReregistrationsPerInstance, c.ReregistrationsPerOwner = 20, 40 })
+	grant(t, p, ownerA, "cli", "supervise")
+	grant(t, p, ownerB, "cli", "supervise")
+	cli := callerConn(t, p, ownerA, "cli")
+	one, other := newManagerKeys(t), newManagerKeys(t)
+	registered(t, cli, ownerA, "cli", one)
+	registered(t, cli, ownerA, "cli", other)
+	again := func(m *managerKeys) outcome {
+		fresh := newManagerKeys(t) // the same instance and lifecycle, fresh keys
+		fresh.iid, fresh.uid = m.iid, m.uid
+		fresh.Manager.InstanceID, fresh.Manager.LifecycleUID = m.iid, m.uid
+		return askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, fresh.body(t, "prepare", "cli"))
+	}
+	for i := range 2 {
+		if o := again(one); o.code != "" {
+			t.Fatalf("re-registration %d of the instance: got %s %q, want it issued", i+1, o.code, o.message)
+		}
+	}
+	before := storeSeqs(t, p)
+	o := again(one)
+	if o.code != "resource-exhausted" || !strings.Contains(o.message, "--reregistrations-per-instance") || len(o.material.Credentials) != 0 {
+		t.Fatalf("a third re-registration of the instance: got %s %q, want resource-exhausted naming the budget and nothing", o.code, o.message)
+	}
+	wantUnwritten(t, p, "a re-registration past the instance's budget", before)
+	if n := budgetRefusals(t, p, "reregistrations_instance"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the instance's budget, want 1", n)
+	}
+	for i := range 2 {
+		if o := again(other); o.code != "" {
+			t.Fatalf("re-registration %d of the owner's other instance: got %s %q, want it issued", i+1, o.code, o.message)
+		}
+	}
+	if o := again(newRegistered(t, p, cli, ownerA)); o.code != "resource-exhausted" || !strings.Contains(o.message, "--reregistrations-per-owner") {
+		t.Fatalf("a re-registration past the owner's budget: got %s %q, want resource-exhausted naming it", o.code, o.message)
+	}
+	cliB := callerConn(t, p, ownerB, "cli")
+	b := newManagerKeys(t)
+	registered(t, cliB, ownerB, "cli", b)
+	fresh := newManagerKeys(t)
+	fresh.iid, fresh.uid, fresh.Manager.InstanceID, fresh.Manager.LifecycleUID = b.iid, b.uid, b.iid, b.uid
+	if o := askAsync(cliB, ownerB, "cli", subjects.EndpointManagerAuthority, fresh.body(t, "prepare", "cli")); o.code != "" {
+		t.Fatalf("another owner's re-registration: got %s %q, want it issued", o.code, o.message)
+	}
+}
+
+// newRegistered registers a fresh manager of owner through nc and returns its keys.
+func newRegistered(t testing.TB, p *testPlane, nc *nats.Conn, owner string) *managerKeys {
+	t.Helper()
+	m := newManagerKeys(t)
+	registered(t, nc, owner, "cli", m)
+	return m
+}
+
+// TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot: an owner that has claimed its budget of
+// new keys (--new-keys-per-owner, over the minted records' retention) gets no registration or
+// run attempt with fresh keys (resource-exhausted, nothing written, counted), while renewals of
+// the keys it holds go on and another owner registers.
+func TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, func(c *service.Config) { c.NewKeysPerOwner = 12 })
+	grant(t, p, ownerB, "cli", "supervise")
+	r := newRegisteredManager(t, p) // ownerA: 5 keys
+	registered(t, r.cli, ownerA, "cli", newManagerKeys(t))
+	before := storeSeqs(t, p)
+	o := askAsync(r.cli, ownerA, "cli", subjects.EndpointManagerAuthority, newManagerKeys(t).body(t, "prepare", "cli"))
+	if o.code != "resource-exhausted" || !strings.Contains(o.message, "--new-keys-per-owner") || len(o.material.Credentials) != 0 {
+		t.Fatalf("a third registration of fresh keys: got %s %q, want resource-exhausted naming the budget and nothing", o.code, o.message)
+	}
+	wantUnwritten(t, p, "a registration past the owner's new keys", before)
+	if n := budgetRefusals(t, p, "new_keys_owner"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the new-keys budget, want 1", n)
+	}
+	mustMint(t, r.cli, ownerA, "cli", r.renewal(t, "renewStandingBundle"))
+	registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", newManagerKeys(t))
+}
+
+// TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd: another owner's manager connects
+// with its own credential but sends, as its user name, the supervisor key of an instance about
+// to be ended (the broker's connection listing shows that name as its user, and filters on
+// it). The end still sees every connection of its keys closed, and the other owner's
+// connection stays up: who a connection is is the JWT the broker accepted.
+func TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, nil, time.Now().Add(time.Hour))
+	grant(t, p, ownerB, "cli", "supervise")
+	other := newManagerKeys(t)
+	prep, _ := registered(t, callerConn(t, p, ownerB, "cli"), ownerB, "cli", other)
+	target := s.m.pub(t, subjects.DutySupervisor)
+	impostor := dutyConn(t, p, other, ownerB, subjects.DutySupervisor, prep.Credentials["supervisor"].JWT, nats.UserInfo(target, "x"))
+	report, err := pa.end(s)
+	if err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if !report.Done || !report.Evicted.Complete {
+		t.Fatalf("end report: got %+v, want done with every connection of its keys gone", report)
+	}
+	if err := impostor.FlushTimeout(5 * time.Second); err != nil {
+		t.Errorf("the other owner's connection: %v, want it up", err)
+	}
+}

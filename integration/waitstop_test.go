@@ -1,0 +1,68 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/instance"
+)
+
+// TestWaitReturnsOnceThePlaneIsHealthyAndStopReturnsOnceItHasExited runs what the documents'
+// blocks lean on: `authplane wait` started before the plane returns only once /health says ok,
+// with that answer; `authplane stop` returns only once the plane has exited (exit 0, its lock
+// free), and says so; a second stop, or a wait on a directory no plane runs on, says there is
+// none.
+func TestWaitReturnsOnceThePlaneIsHealthyAndStopReturnsOnceItHasExited(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	state := filepath.Join(dir, ".authplane")
+	waiting := startAuthplaneIn(t, dir, "wait", "--timeout", "60s")
+	plane := startAuthplaneIn(t, dir, "--nats-port", "0", "--http-port", "0")
+	if code := waiting.wait(t, 70*time.Second); code != 0 {
+		t.Fatalf("wait: exit %d\n%s", code, waiting.stderr.String())
+	}
+	var health struct {
+		OK     bool   `json:"ok"`
+		Issuer string `json:"issuer"`
+	}
+	if err := json.Unmarshal([]byte(waiting.stdout.String()), &health); err != nil || !health.OK {
+		t.Fatalf("wait printed %q (%v), want the health answer ok", waiting.stdout.String(), err)
+	}
+	if _, err := os.Stat(filepath.Join(state, "auth-service.json")); err != nil {
+		t.Errorf("wait returned and the plane is not ready: %v", err)
+	}
+
+	code, out, errOut := runAuthplaneIn(t, dir, time.Minute, "stop")
+	if code != 0 || !strings.Contains(out, "stopped the plane of .authplane") {
+		t.Fatalf("stop: exit %d, %q %q", code, out, errOut)
+	}
+	select {
+	case <-plane.done:
+	default:
+		t.Fatal("stop returned while the plane still runs")
+	}
+	if code := plane.wait(t, time.Second); code != 0 {
+		t.Errorf("the stopped plane exited %d, want 0 (a drain)", code)
+	}
+	if _, held, err := instance.Holder(state); err != nil || held {
+		t.Errorf("after stop: lock held %v (%v), want it free", held, err)
+	}
+	if code, out, _ := runAuthplaneIn(t, dir, time.Minute, "stop"); code != 0 || !strings.Contains(out, "no plane runs on .authplane") {
+		t.Errorf("a second stop: exit %d %q, want 0 and that none runs", code, out)
+	}
+	if code, _, errOut := runAuthplaneIn(t, dir, time.Minute, "wait", "--timeout", "300ms"); code != 1 || !strings.Contains(errOut, "not ready") {
+		t.Errorf("wait with no plane: exit %d %q, want 1 and why it is not ready", code, errOut)
+	}
+}
+
+// runAuthplaneIn runs the binary with args in dir to completion.
+func runAuthplaneIn(t testing.TB, dir string, timeout time.Duration, args ...string) (int, string, string) {
+	t.Helper()
+	p := startAuthplaneIn(t, dir, args...)
+	code := p.wait(t, timeout)
+	return code, p.stdout.String(), p.stderr.String()
+}

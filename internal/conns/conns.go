@@ -1,0 +1,369 @@
+// Package conns keeps the data account's connections to their budgets: each principal's cap,
+// and the tenants' share of the account's limit, the rest being the plane's reserve for its own
+// serving users. The broker knows no per-user connection limit, so the count is the plane's,
+// in memory, from the servers' connect and disconnect events, put right by a listing now and
+// then. A bearer user is refused before it connects (the auth callout asks Admit); a JWT user,
+// which the broker lets in on its JWT alone, is kicked once its connect event arrives.
+package conns
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// The budgets a refusal or a kick names, as the metrics label them.
+const (
+	BudgetPrincipal = "principal"
+	BudgetTenants   = "tenants"
+)
+
+// Refusals of Admit. Test them with errors.Is.
+var (
+	ErrPrincipalFull = errors.New("the principal's connection cap is reached")
+	ErrTenantsFull   = errors.New("the tenants' share of the data account's connections is reached")
+)
+
+// Budgets are what the ledger holds the connections to.
+type Budgets struct {
+	// PerPrincipal bounds one principal's connections.
+	PerPrincipal int
+	// Tenants bounds every principal's connections together: the account's limit less the
+	// plane's reserve.
+	Tenants int
+	// Reserved is the plane's reserve, only to say when its own connections outgrow it.
+	Reserved int
+}
+
+// PendingFor is how long a slot Admit gave waits for its connection: the broker waits 2 s
+// for the callout's answer, and the connection registers as the answer arrives.
+const PendingFor = 3 * time.Second
+
+// key names one connection: its server and its id there.
+type key struct {
+	server string
+	cid    uint64
+}
+
+// conn is one connection the ledger knows.
+type conn struct {
+	broker.Connection
+	// seen is when the ledger learnt of it; kicked, that a kick of it was sent at kickedAt.
+	seen     time.Time
+	kicked   bool
+	kickedAt time.Time
+}
+
+// holder is one principal's connections, oldest first, and how many are not kicked.
+type holder struct {
+	conns []*conn
+	live  int
+}
+
+// pending is a slot Admit gave a bearer user that has not connected yet.
+type pending struct {
+	principal string
+	until     time.Time
+	done      bool
+}
+
+// Ledger is the data account's connections as the plane knows them. It is safe for concurrent
+// use; Admit, on the callout's path, costs a few map operations.
+type Ledger struct {
+	budgets Budgets
+	now     func() time.Time
+
+	mu      sync.Mutex
+	conns   map[key]*conn
+	holders map[string]*holder
+	// capped is the tenants' connections against their budget: each principal's live ones up
+	// to its cap, so a principal's excess, kicked soon, never pushes another's connection out.
+	// live is all of them.
+	capped, live int
+	plane        map[key]time.Time // the plane's own, and when each was seen
+	overReserve  bool
+	// gone are the disconnects heard, so a listing taken before one does not bring it back.
+	gone map[key]time.Time
+	// pending, oldest first (every slot waits PendingFor), and per principal.
+	pending   []*pending
+	pendingOf map[string][]*pending
+	nPending  int
+}
+
+// New returns an empty ledger holding connections to b, on clock now.
+func New(b Budgets, now func() time.Time) *Ledger {
+	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, plane: map[key]time.Time{},
+		gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}}
+}
+
+// Kick is a connection to close and the budget it is past.
+type Kick struct {
+	broker.Connection
+	Budget string
+}
+
+// Admit takes a slot for a connection of principal that the auth callout is about to let in,
+// or refuses it past either budget. The slot is the principal's until its connect event
+// arrives or PendingFor has passed; release gives it back at once, for an answer that was not
+// sent.
+func (l *Ledger) Admit(principal string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	l.expire(now)
+	held := len(l.pendingOf[principal])
+	if h := l.holders[principal]; h != nil {
+		held += h.live
+	}
+	switch {
+	case held >= l.budgets.PerPrincipal:
+		return nil, fmt.Errorf("%w (%d of %d)", ErrPrincipalFull, held, l.budgets.PerPrincipal)
+	case l.capped+l.nPending >= l.budgets.Tenants:
+		return nil, fmt.Errorf("%w (%d)", ErrTenantsFull, l.budgets.Tenants)
+	}
+	p := &pending{principal: principal, until: now.Add(PendingFor)}
+	l.pending = append(l.pending, p)
+	l.pendingOf[principal] = append(l.pendingOf[principal], p)
+	l.nPending++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.settle(p)
+	}, nil
+}
+
+// settle ends a pending slot: it connected, expired or was given back.
+func (l *Ledger) settle(p *pending) {
+	if p.done {
+		return
+	}
+	p.done = true
+	l.nPending--
+	q := slices.DeleteFunc(l.pendingOf[p.principal], func(x *pending) bool { return x == p })
+	if len(q) == 0 {
+		delete(l.pendingOf, p.principal)
+	} else {
+		l.pendingOf[p.principal] = q
+	}
+}
+
+// expire ends the pending slots whose time has passed, and drops settled ones from the queue.
+func (l *Ledger) expire(now time.Time) {
+	i := 0
+	for ; i < len(l.pending); i++ {
+		p := l.pending[i]
+		if !p.done && now.Before(p.until) {
+			break
+		}
+		l.settle(p)
+	}
+	l.pending = l.pending[i:]
+}
+
+// setKicked marks c kicked or live again, keeping the counts.
+func (l *Ledger) setKicked(c *conn, kicked bool) {
+	if c.kicked == kicked {
+		return
+	}
+	c.kicked, c.kickedAt = kicked, l.now()
+	d := 1
+	if kicked {
+		d = -1
+	}
+	l.count(l.holders[c.Principal], d)
+}
+
+// count adds d to h's live connections and the totals.
+func (l *Ledger) count(h *holder, d int) {
+	before := min(h.live, l.budgets.PerPrincipal)
+	h.live += d
+	l.live += d
+	l.capped += min(h.live, l.budgets.PerPrincipal) - before
+}
+
+// Connected records a connection from its connect event and returns what to kick: the
+// principal's newest past its cap, or this one past the tenants' budget.
+func (l *Ledger) Connected(c broker.Connection) []Kick {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := key{c.Server, c.CID}
+	if _, ok := l.conns[k]; ok {
+		return nil
+	}
+	if _, ok := l.gone[k]; ok {
+		return nil
+	}
+	if _, ok := l.plane[k]; ok {
+		return nil
+	}
+	now := l.now()
+	l.expire(now)
+	if !l.add(c, now) {
+		return nil
+	}
+	if c.Callout {
+		// The slot Admit gave it, on whichever replica that was: the oldest is this one's.
+		if q := l.pendingOf[c.Principal]; len(q) > 0 {
+			l.settle(q[0])
+		}
+	}
+	kicks := l.enforce(c.Principal)
+	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
+		l.setKicked(nc, true)
+		kicks = append(kicks, Kick{c, BudgetTenants})
+	}
+	return kicks
+}
+
+// add records c, seen at now, and reports whether it is a tenant's (not the plane's own).
+func (l *Ledger) add(c broker.Connection, now time.Time) bool {
+	k := key{c.Server, c.CID}
+	if strings.HasPrefix(c.Principal, subjects.PlaneUserPrefix) {
+		l.plane[k] = now
+		l.overReserve = l.overReserve || len(l.plane) > l.budgets.Reserved
+		return false
+	}
+	nc := &conn{Connection: c, seen: now}
+	l.conns[k] = nc
+	h := l.holders[c.Principal]
+	if h == nil {
+		h = &holder{}
+		l.holders[c.Principal] = h
+	}
+	h.conns = append(h.conns, nc)
+	slices.SortStableFunc(h.conns, func(a, b *conn) int { return a.Start.Compare(b.Start) })
+	l.count(h, 1)
+	return true
+}
+
+// remove forgets the connection k.
+func (l *Ledger) remove(k key) {
+	delete(l.plane, k)
+	c, ok := l.conns[k]
+	if !ok {
+		return
+	}
+	delete(l.conns, k)
+	h := l.holders[c.Principal]
+	if !c.kicked {
+		l.count(h, -1)
+	}
+	h.conns = slices.DeleteFunc(h.conns, func(x *conn) bool { return x == c })
+	if len(h.conns) == 0 {
+		delete(l.holders, c.Principal)
+	}
+}
+
+// enforce marks kicked, and returns, principal's newest connections past its cap.
+func (l *Ledger) enforce(principal string) []Kick {
+	h := l.holders[principal]
+	var kicks []Kick
+	for i := len(h.conns) - 1; i >= 0 && h.live > l.budgets.PerPrincipal; i-- {
+		if c := h.conns[i]; !c.kicked {
+			l.setKicked(c, true)
+			kicks = append(kicks, Kick{c.Connection, BudgetPrincipal})
+		}
+	}
+	return kicks
+}
+
+// Disconnected forgets a connection from its disconnect event.
+func (l *Ledger) Disconnected(server string, cid uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := key{server, cid}
+	l.remove(k)
+	l.gone[k] = l.now()
+}
+
+// KickFailed counts a connection whose kick did not happen as live again.
+func (l *Ledger) KickFailed(c broker.Connection) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if x, ok := l.conns[key{c.Server, c.CID}]; ok {
+		l.setKicked(x, false)
+	}
+}
+
+// Reconcile puts the ledger right with a listing of the account's connections asked for at
+// asked, and returns what to kick: every principal's newest past its cap, then the newest
+// tenants' past their budget. A connection the ledger learnt of before asked that the listing
+// lacks is gone (its disconnect event was lost, or its server went); one the listing has that
+// the ledger lacks is added unless its disconnect was heard; one kicked before asked that is
+// still listed is kicked again.
+func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	in := make(map[key]bool, len(listed))
+	for _, c := range listed {
+		k := key{c.Server, c.CID}
+		in[k] = true
+		_, known := l.conns[k]
+		_, heard := l.gone[k]
+		_, own := l.plane[k]
+		if !known && !heard && !own {
+			l.add(c, now)
+		}
+	}
+	for k, seen := range l.plane {
+		if !in[k] && seen.Before(asked) {
+			delete(l.plane, k)
+		}
+	}
+	for k, c := range l.conns {
+		switch {
+		case !in[k] && c.seen.Before(asked):
+			l.remove(k)
+		case in[k] && c.kicked && c.kickedAt.Before(asked):
+			l.setKicked(c, false)
+		}
+	}
+	// A disconnect heard before this listing was asked for is reflected in it.
+	for k, at := range l.gone {
+		if at.Before(asked) {
+			delete(l.gone, k)
+		}
+	}
+	var kicks []Kick
+	for p := range l.holders {
+		kicks = append(kicks, l.enforce(p)...)
+	}
+	if l.capped > l.budgets.Tenants {
+		var all []*conn
+		for _, c := range l.conns {
+			if !c.kicked {
+				all = append(all, c)
+			}
+		}
+		slices.SortFunc(all, func(a, b *conn) int { return b.Start.Compare(a.Start) })
+		for _, c := range all {
+			if l.capped <= l.budgets.Tenants {
+				break
+			}
+			l.setKicked(c, true)
+			kicks = append(kicks, Kick{c.Connection, BudgetTenants})
+		}
+	}
+	return kicks
+}
+
+// Counts are the ledger's connections now: the tenants' (kicked ones aside), the plane's own,
+// and whether the plane's have ever outgrown its reserve.
+type Counts struct {
+	Tenants, Plane int
+	OverReserve    bool
+}
+
+// Counts returns the ledger's counts.
+func (l *Ledger) Counts() Counts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Counts{Tenants: l.live, Plane: len(l.plane), OverReserve: l.overReserve}
+}

@@ -1,0 +1,182 @@
+package revocation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/cotal-ai/authplane/internal/store"
+)
+
+// view is the data account as every server's resolver holds it: what all of them revoke (each
+// key at the earliest time any server revokes it; a key some server does not revoke is not in
+// it), and the oldest and newest issue times of their JWTs.
+type view struct {
+	revoked        map[string]int64
+	oldest, newest int64
+}
+
+// view reads the data account back from every server. A JWT it read before is not decoded
+// again (most reads find the one just pushed, on every server).
+func (r *rounds) view(ctx context.Context) (view, error) {
+	tokens, err := r.reach.lookup(ctx)
+	if err != nil {
+		return view{}, err
+	}
+	var v view
+	for i, token := range tokens {
+		claims, err := r.decode(token)
+		if err != nil {
+			return view{}, err
+		}
+		if i == 0 {
+			v = view{revoked: maps.Clone(map[string]int64(claims.Revocations)), oldest: claims.IssuedAt, newest: claims.IssuedAt}
+			continue
+		}
+		v.oldest, v.newest = min(v.oldest, claims.IssuedAt), max(v.newest, claims.IssuedAt)
+		for k, at := range v.revoked {
+			if got, ok := claims.Revocations[k]; !ok {
+				delete(v.revoked, k)
+			} else if got < at {
+				v.revoked[k] = got
+			}
+		}
+	}
+	return v, nil
+}
+
+// decode decodes and verifies an account JWT a server holds, remembering the last few.
+func (r *rounds) decode(token string) (*jwt.AccountClaims, error) {
+	for _, d := range r.decoded {
+		if d.token == token {
+			return d.claims, nil
+		}
+	}
+	claims, err := jwt.DecodeAccountClaims(token)
+	if err != nil || claims.Subject != r.s.Account {
+		return nil, fmt.Errorf("a server holds an account JWT that does not decode as the data account's: %v", err)
+	}
+	r.decoded = append(r.decoded, decoded{token, claims})
+	if len(r.decoded) > 4 {
+		r.decoded = r.decoded[1:]
+	}
+	return claims, nil
+}
+
+// decoded is an account JWT and its claims.
+type decoded struct {
+	token  string
+	claims *jwt.AccountClaims
+}
+
+// covers reports whether every server revokes every key of want at its time or later.
+func (v view) covers(want map[string]int64) bool {
+	for k, at := range want {
+		if got, ok := v.revoked[k]; !ok || got < at {
+			return false
+		}
+	}
+	return true
+}
+
+// Evict waits until the broker lists no connection authenticated with any of keys, or ctx ends,
+// and returns how many of keys it found with none left. The keys are asked after at once.
+func (s *Set) Evict(ctx context.Context, keys []string) int {
+	b := &reach{Broker: s.Broker}
+	if b.count(ctx) != nil {
+		return 0
+	}
+	gone := make([]bool, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() {
+			for attempt := 0; ; attempt++ {
+				n, err := b.connections(ctx, k)
+				if err == nil && n == 0 {
+					gone[i] = true
+					return
+				}
+				if store.Pause(ctx, attempt) != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, g := range gone {
+		if g {
+			n++
+		}
+	}
+	return n
+}
+
+// reach is the broker as one run of rounds or one Evict sees it: its servers counted once, and
+// again after a read that not all of them answered (a server came or went). Each request gets a
+// share of the time left, so a lost answer leaves time to ask again.
+type reach struct {
+	Broker
+	mu sync.Mutex
+	n  int
+}
+
+func (b *reach) count(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.n > 0 {
+		return nil
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	n, err := b.Servers(ctx)
+	if err == nil && n < 1 {
+		err = errors.New("no server answered")
+	}
+	if err == nil {
+		b.n = n
+	}
+	return err
+}
+
+func (b *reach) servers() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+func (b *reach) forget() {
+	b.mu.Lock()
+	b.n = 0
+	b.mu.Unlock()
+}
+
+func (b *reach) lookup(ctx context.Context) ([]string, error) {
+	if err := b.count(ctx); err != nil {
+		return nil, err
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	tokens, err := b.Lookup(ctx, b.servers())
+	if err != nil {
+		b.forget()
+	}
+	return tokens, err
+}
+
+func (b *reach) connections(ctx context.Context, nkey string) (int, error) {
+	if err := b.count(ctx); err != nil {
+		return 0, err
+	}
+	ctx, cancel := store.Attempt(ctx)
+	defer cancel()
+	n, err := b.Connections(ctx, nkey, b.servers())
+	if err != nil {
+		b.forget()
+	}
+	return n, err
+}

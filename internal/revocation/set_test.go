@@ -1,0 +1,225 @@
+package revocation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+const testKey = "ADATAACCOUNTPUBLICKEYFORTESTSXXXXXXXXXXXXXXXXXXXXXXXXXXX"
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// noBroker is a broker whose resolvers cannot be read: a revoke then signs and pushes, and here
+// signing fails first (no operator signing key), after the keys joined the set.
+type noBroker struct{}
+
+func (noBroker) Servers(context.Context) (int, error) { return 1, nil }
+func (noBroker) Push(context.Context, string) error   { return errors.New("no broker") }
+func (noBroker) Lookup(context.Context, int) ([]string, error) {
+	return nil, errors.New("no broker")
+}
+func (noBroker) Connections(context.Context, string, int) (int, error) {
+	return 0, errors.New("no broker")
+}
+
+// A revocation set holds every key ended in the last day, which passes a request body's size
+// limit after some 180 ended instances: it is still read and added to (the 200th end of a race
+// test once failed here, as would every end and start after it).
+func TestARevocationSetLargerThanARequestBodyStillTakesKeys(t *testing.T) {
+	gates := storetest.New()
+	s := &Set{Gates: gates, Account: testKey, Broker: noBroker{}, Capacity: 10_000, Now: func() time.Time { return time.Unix(1_800_000_000, 0) },
+		Sign: func(map[string]int64) (string, int64, error) { return "", 0, space.ErrNoOperatorSigner }}
+	var keys []string
+	for i := range 1200 {
+		keys = append(keys, fmt.Sprintf("U%055d", i)) // as long as a user nkey
+	}
+	for i := 0; i < len(keys); i += 5 { // one end's five keys at a time
+		out, err := s.Revoke(ctx(t), keys[i:i+5])
+		if err != nil || out.Done() || !errors.Is(out.Cause, ErrNoSigner) {
+			t.Fatalf("end %d: got %+v, %v; want the keys on the set and a reason the broker was not told", i/5+1, out, err)
+		}
+	}
+	e, err := gates.Get(ctx(t), subjects.RevocationsKey(testKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r row
+	if err := decodeRow(e.Value, &r); err != nil || len(r.Revoked) != len(keys) || len(e.Value) <= body.MaxBytes {
+		t.Fatalf("got a set of %d bytes with %d keys (%v), want all %d keys in more than %d bytes", len(e.Value), len(r.Revoked), err, len(keys), body.MaxBytes)
+	}
+}
+
+// resolver is a broker of one server whose resolver keeps the newest account JWT it is pushed
+// (by issue time, as nats-server's does), and counts the pushes.
+type resolver struct {
+	account string
+	mu      sync.Mutex
+	held    string
+	iat     int64
+	pushes  []*jwt.AccountClaims
+}
+
+func (r *resolver) Servers(context.Context) (int, error) { return 1, nil }
+
+func (r *resolver) Push(_ context.Context, token string) error {
+	c, err := jwt.DecodeAccountClaims(token)
+	if err != nil || c.Subject != r.account {
+		return fmt.Errorf("not the data account's JWT: %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pushes = append(r.pushes, c)
+	if c.IssuedAt >= r.iat {
+		r.held, r.iat = token, c.IssuedAt
+	}
+	return nil
+}
+
+func (r *resolver) Lookup(context.Context, int) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held == "" {
+		return nil, errors.New("no JWT held")
+	}
+	return []string{r.held}, nil
+}
+
+func (r *resolver) Connections(context.Context, string, int) (int, error) { return 0, nil }
+
+func (r *resolver) pushed() []*jwt.AccountClaims {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.pushes)
+}
+
+// newSet is a set on an in-memory bucket and a resolver, signing with a fresh operator key.
+func newSet(t *testing.T) (*Set, *resolver) {
+	t.Helper()
+	op, err := nkeys.CreateOperator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := acc.PublicKey()
+	b := &resolver{account: pub}
+	s := &Set{Gates: storetest.New(), Account: pub, Broker: b, Capacity: 10_000, Now: time.Now,
+		Sign: func(revoked map[string]int64) (string, int64, error) {
+			c := jwt.NewAccountClaims(pub)
+			for k, at := range revoked {
+				c.RevokeAt(k, time.Unix(at, 0))
+			}
+			token, err := c.Encode(op)
+			return token, c.IssuedAt, err
+		}}
+	return s, b
+}
+
+func userKeys(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		out = append(out, pub)
+	}
+	return out
+}
+
+// TestRevokesThatRunTogetherShareOneSigningAndPush: twenty ends revoking five keys each at once,
+// right after another end signed, are served by one round: one signing, in the next second,
+// one push, one read-back; every key of every end is confirmed and at the broker. A repeat of
+// keys the broker revokes already signs nothing. (In a synctest bubble: the wait for the next
+// second takes no wall time.)
+func TestRevokesThatRunTogetherShareOneSigningAndPush(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, b := newSet(t)
+		if out, err := s.Revoke(ctx(t), userKeys(t, 5)); err != nil || !out.Done() {
+			t.Fatalf("the first end: %+v, %v", out, err)
+		}
+		var wg sync.WaitGroup
+		keys := make([][]string, 20)
+		outs := make([]*Outcome, 20)
+		for i := range keys {
+			keys[i] = userKeys(t, 5)
+			wg.Go(func() {
+				var err error
+				if outs[i], err = s.Revoke(ctx(t), keys[i]); err != nil {
+					t.Errorf("end %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		pushed := b.pushed()
+		if len(pushed) != 2 {
+			t.Fatalf("got %d pushes for one end and then twenty at once, want 2", len(pushed))
+		}
+		if pushed[1].IssuedAt <= pushed[0].IssuedAt {
+			t.Errorf("the second signing is issued at %d, not after the first's %d", pushed[1].IssuedAt, pushed[0].IssuedAt)
+		}
+		for i, out := range outs {
+			if out == nil || !out.Done() || len(out.Confirmed) != 5 {
+				t.Fatalf("end %d: %+v, want its five keys confirmed", i, out)
+			}
+			for _, k := range keys[i] {
+				if _, ok := pushed[1].Revocations[k]; !ok {
+					t.Errorf("end %d's key %s is not in the account JWT pushed", i, k)
+				}
+			}
+		}
+		if out, err := s.Revoke(ctx(t), keys[3]); err != nil || !out.Done() || len(b.pushed()) != 2 {
+			t.Errorf("a repeated end: %+v, %v, %d pushes; want it confirmed with no push", out, err, len(b.pushed()))
+		}
+	})
+}
+
+// TestEverySigningIsLaterThanTheLastAndCarriesEveryKeyBeforeIt: ends one after another sign at
+// most once a second, each JWT issued later than the one before, revoking every key any earlier
+// end put on the set.
+func TestEverySigningIsLaterThanTheLastAndCarriesEveryKeyBeforeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, b := newSet(t)
+		var all []string
+		for i := range 5 {
+			keys := userKeys(t, 3)
+			all = append(all, keys...)
+			if out, err := s.Revoke(ctx(t), keys); err != nil || !out.Done() {
+				t.Fatalf("end %d: %+v, %v", i, out, err)
+			}
+		}
+		pushed := b.pushed()
+		for i, c := range pushed {
+			if i > 0 && c.IssuedAt <= pushed[i-1].IssuedAt {
+				t.Errorf("push %d issued at %d, not after %d", i, c.IssuedAt, pushed[i-1].IssuedAt)
+			}
+			for _, k := range all[:3*(i+1)] {
+				if _, ok := c.Revocations[k]; !ok {
+					t.Errorf("push %d lacks key %s added before it", i, k)
+				}
+			}
+		}
+	})
+}

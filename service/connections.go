@@ -1,0 +1,123 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/conns"
+)
+
+// ReconcileEvery is how often the plane lists the data account's connections to put its count
+// right: a connect or disconnect event lost (the system connection reconnecting, a server
+// gone with its connections) is corrected within it. A listing also follows every
+// reconnection of the system connection.
+const ReconcileEvery = time.Minute
+
+// kickQueue bounds the kicks waiting to be sent; past it a kick waits for the next listing.
+const kickQueue = 4096
+
+// watchConnections keeps the data account's connections to their budgets (internal/conns) as
+// the plane's system user: it counts them from every server's connect and disconnect events,
+// lists them once before the plane serves (kicking what is past a budget before the serving
+// user needs its slot) and every ReconcileEvery after, and kicks what the ledger says.
+func (p *Plane) watchConnections(ctx context.Context, system *nats.Conn) error {
+	cfg := p.cfg
+	p.conns = conns.New(conns.Budgets{
+		PerPrincipal: int(cfg.MaxConnectionsPerPrincipal),
+		Tenants:      int(cfg.MaxConnections - cfg.ReservedConnections),
+		Reserved:     int(cfg.ReservedConnections),
+	}, cfg.Now)
+	p.metrics.Connections(func() (int, int) { c := p.conns.Counts(); return c.Tenants, c.Plane })
+	acct := broker.Account{NC: system, Public: p.keys.Data.Public()}
+	queue := make(chan conns.Kick, kickQueue)
+	enqueue := func(kicks []conns.Kick) {
+		for _, k := range kicks {
+			select {
+			case queue <- k:
+			default:
+				p.conns.KickFailed(k.Connection) // counted again; the next listing kicks it
+			}
+		}
+	}
+	stopWatch, err := acct.WatchConnections(func(c broker.Connection) { enqueue(p.conns.Connected(c)) }, p.conns.Disconnected)
+	if err != nil {
+		return fmt.Errorf("watch the data account's connections: %w", err)
+	}
+	p.onClose("stop watching the data account's connections", stopWatch)
+	// Before the plane serves, its count is the broker's.
+	for _, k := range p.reconcile(ctx, acct) {
+		p.kick(ctx, acct, k)
+	}
+
+	stop, done := make(chan struct{}), make(chan struct{})
+	p.bg.Go(func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case k := <-queue:
+				kctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
+				p.kick(kctx, acct, k)
+				cancel()
+			}
+		}
+	})
+	p.bg.Go(func() {
+		t := time.NewTicker(ReconcileEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			case <-p.relist:
+			}
+			lctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
+			enqueue(p.reconcile(lctx, acct))
+			cancel()
+		}
+	})
+	p.onClose("stop keeping the connection budgets", func() error { close(stop); <-done; return nil })
+	return nil
+}
+
+// reconcile lists the data account's connections and puts the ledger right with them; it
+// returns what to kick. A listing that fails leaves the ledger as it was.
+func (p *Plane) reconcile(ctx context.Context, acct broker.Account) []conns.Kick {
+	n, err := acct.Servers(ctx)
+	if err != nil {
+		p.log.Warn("listing the data account's connections: the servers did not all answer", "err", err)
+		return nil
+	}
+	asked := p.cfg.Now()
+	listed, _, err := acct.ListConnections(ctx, n)
+	if err != nil {
+		p.log.Warn("listing the data account's connections failed", "err", err)
+		return nil
+	}
+	kicks := p.conns.Reconcile(asked, listed)
+	if c := p.conns.Counts(); c.OverReserve && p.overReserve.CompareAndSwap(false, true) {
+		p.log.Warn("the plane's own connections to the data account outgrew --reserved-connections: raise it to two per replica",
+			"plane", c.Plane, "reserved", p.cfg.ReservedConnections)
+	}
+	return kicks
+}
+
+// kick closes a connection past its budget, and counts it; one that could not be closed
+// counts as live again.
+func (p *Plane) kick(ctx context.Context, acct broker.Account, k conns.Kick) {
+	if err := acct.Kick(ctx, k.Server, k.CID); err != nil {
+		p.conns.KickFailed(k.Connection)
+		p.log.Warn("a connection past its budget could not be kicked", "principal", k.Principal, "budget", k.Budget, "err", err)
+		return
+	}
+	p.metrics.ConnectionRefused(k.Budget, "kick")
+	if n := p.kicked.Add(1); n&(n-1) == 0 {
+		p.log.Warn("kicked a connection past its budget", "principal", k.Principal, "budget", k.Budget, "kicked", n)
+	}
+}
