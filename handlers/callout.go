@@ -31,11 +31,20 @@ const (
 	// CalloutSubject is where the broker asks; CalloutQueue the queue group its replicas share.
 	CalloutSubject = "$SYS.REQ.USER.AUTH"
 	CalloutQueue   = "cotal-auth-callout"
-	// CalloutDeadline bounds one decision: the broker waits two seconds for the answer.
+	// CalloutDeadline bounds one decision, from the request's arrival: the broker waits two
+	// seconds for the answer.
 	CalloutDeadline = 1800 * time.Millisecond
-	// CalloutInFlight bounds the decisions under way; past it a request is dropped and the
-	// broker refuses that connection when its wait runs out.
+	// CalloutInFlight bounds the decisions under way; past it a request waits, oldest first, in
+	// a backlog of at most CalloutBacklog (past that it is dropped, and the broker refuses that
+	// connection when its wait runs out).
 	CalloutInFlight = 256
+	CalloutBacklog  = 8192
+	// CalloutQueueWait is the longest a request waits in the backlog for its decision to start.
+	// One that waited longer is dropped unanswered, as the broker will have given up on it
+	// before an answer came: in a reconnect storm the decisions go to requests the broker still
+	// waits for, and a client refused retries. Dropping at once instead of queueing refused
+	// 982 of the first 1,000 attempts of a storm that the callout answered in under 10 s.
+	CalloutQueueWait = time.Second
 	// xkeyHeader carries the server's curve key, which sealed the request.
 	xkeyHeader = "Nats-Server-Xkey"
 )
@@ -64,32 +73,96 @@ type Callout struct {
 	// Refused counts a connection Conns refused, by budget; nil counts nothing.
 	Refused func(budget string)
 
-	once     sync.Once
-	inFlight chan struct{}
+	once  sync.Once
+	queue *calloutQueue
 }
 
 // Subscribe serves the callout on nc (a connection of the callout user) until the
-// subscription ends: each request is decided on its own goroutine, at most CalloutInFlight at
-// once.
+// subscription ends: at most CalloutInFlight requests are decided at once, the rest wait their
+// turn (calloutQueue).
 func (c *Callout) Subscribe(nc *nats.Conn) (*nats.Subscription, error) {
-	c.once.Do(func() { c.inFlight = make(chan struct{}, CalloutInFlight) })
+	c.once.Do(func() { c.queue = newCalloutQueue(CalloutInFlight, CalloutBacklog, c.serve, c.Log) })
 	return nc.QueueSubscribe(CalloutSubject, CalloutQueue, func(m *nats.Msg) {
-		select {
-		case c.inFlight <- struct{}{}:
-		default:
-			c.Log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", CalloutInFlight)
-			return
-		}
-		go func() {
-			defer func() { <-c.inFlight }()
-			c.serve(m)
-		}()
+		c.queue.take(calloutRequest{m: m, at: time.Now()})
 	})
 }
 
+// calloutRequest is a request and when it came.
+type calloutRequest struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// calloutQueue decides requests, at most inFlight at once: each on a goroutine that goes on
+// to the oldest waiting request when it is done and ends when none waits. A request waits in a
+// backlog of at most backlog; one that waited past CalloutQueueWait is dropped unanswered.
+type calloutQueue struct {
+	inFlight chan struct{}
+	backlog  chan calloutRequest
+	serve    func(calloutRequest)
+	log      *slog.Logger
+}
+
+func newCalloutQueue(inFlight, backlog int, serve func(calloutRequest), log *slog.Logger) *calloutQueue {
+	return &calloutQueue{inFlight: make(chan struct{}, inFlight), backlog: make(chan calloutRequest, backlog), serve: serve, log: log}
+}
+
+// take hands r to a free slot, or queues it; a full backlog drops it, and take reports false.
+func (q *calloutQueue) take(r calloutRequest) bool {
+	select {
+	case q.inFlight <- struct{}{}:
+		go q.work(r)
+		return true
+	default:
+	}
+	select {
+	case q.backlog <- r:
+		return true
+	default:
+		q.log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", cap(q.inFlight), "waiting", cap(q.backlog))
+		return false
+	}
+}
+
+// work decides r and then every request waiting, holding one of the slots.
+func (q *calloutQueue) work(r calloutRequest) {
+	for ok := true; ok; r, ok = q.next() {
+		if time.Since(r.at) > CalloutQueueWait {
+			q.log.Debug("auth callout: a request that waited past the broker's patience dropped")
+			continue
+		}
+		q.serve(r)
+	}
+}
+
+// next hands a worker the oldest waiting request, or gives up its slot and reports false when
+// none waits.
+func (q *calloutQueue) next() (calloutRequest, bool) {
+	for {
+		select {
+		case r := <-q.backlog:
+			return r, true
+		default:
+		}
+		<-q.inFlight
+		// A request queued after the look above, while every slot was held, waits for a worker
+		// that gives its slot up after that: this one, unless another worker holds a slot now
+		// (it looks again before it gives its own up).
+		if len(q.backlog) == 0 {
+			return calloutRequest{}, false
+		}
+		select {
+		case q.inFlight <- struct{}{}:
+		default:
+			return calloutRequest{}, false
+		}
+	}
+}
+
 // serve answers one request, or drops it when it is not the broker's.
-func (c *Callout) serve(m *nats.Msg) {
-	answer, serverXKey, ok := c.Decide(m.Header.Get(xkeyHeader), m.Data)
+func (c *Callout) serve(r calloutRequest) {
+	m := r.m
+	answer, serverXKey, ok := c.decide(r.at.Add(CalloutDeadline), m.Header.Get(xkeyHeader), m.Data)
 	if !ok {
 		return
 	}
@@ -108,6 +181,11 @@ func (c *Callout) serve(m *nats.Msg) {
 // that does not open, claims that are not a server's signed request, or a server key that
 // differs from the one it sealed with.
 func (c *Callout) Decide(serverXKey string, sealed []byte) (answer []byte, xkey string, ok bool) {
+	return c.decide(time.Now().Add(CalloutDeadline), serverXKey, sealed)
+}
+
+// decide is Decide for a decision due by deadline.
+func (c *Callout) decide(deadline time.Time, serverXKey string, sealed []byte) (answer []byte, xkey string, ok bool) {
 	if serverXKey == "" {
 		c.Log.Debug("auth callout: a request without the server's curve key dropped")
 		return nil, "", false
@@ -141,7 +219,7 @@ func (c *Callout) Decide(serverXKey string, sealed []byte) (answer []byte, xkey 
 	res := jwt.NewAuthorizationResponseClaims(req.UserNkey)
 	res.Audience = req.Server.ID
 	res.IssuerAccount = c.Account
-	user, refusal := c.authorize(req)
+	user, refusal := c.authorize(deadline, req)
 	if refusal != nil {
 		res.Error = refusal.Message
 	} else {
@@ -158,9 +236,9 @@ func (c *Callout) Decide(serverXKey string, sealed []byte) (answer []byte, xkey 
 // authorize decides who the connection is: the bearer validated against the published key
 // set, then, through the one guard, its principal's ledger row read now and a user minted on
 // it for the broker's user key.
-func (c *Callout) authorize(req *jwt.AuthorizationRequestClaims) (string, *fault.Error) {
+func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestClaims) (string, *fault.Error) {
 	token := req.ConnectOptions.Token
-	ctx, cancel := context.WithTimeout(context.Background(), CalloutDeadline)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if token == "" {
 		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "connect with the bundle's sentinel creds and a bearer from /exchange as the token"))
@@ -175,10 +253,10 @@ func (c *Callout) authorize(req *jwt.AuthorizationRequestClaims) (string, *fault
 	case err != nil:
 		return "", c.refuse(ctx, fault.Store(err, "reading the bearer keys"))
 	}
-	// The deadline is a timeout (the broker waits CalloutDeadline of real time), not a time of
-	// the plane's clock: every decision on time (the bearer's expiry, the user's) is the
-	// pipeline's, on the injected clock.
-	call := Call{Endpoint: EndpointCallout, Owner: claims.Owner, Actor: claims.Actor, Deadline: time.Now().Add(CalloutDeadline)}
+	// The deadline is a timeout (the broker waits CalloutDeadline of real time from the
+	// request's arrival), not a time of the plane's clock: every decision on time (the bearer's
+	// expiry, the user's) is the pipeline's, on the injected clock.
+	call := Call{Endpoint: EndpointCallout, Owner: claims.Owner, Actor: claims.Actor, Deadline: deadline}
 	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
 		about := call.About()
 		about.Kind = claims.View

@@ -122,9 +122,14 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	if d.http, err = p.httpDoors(d); err != nil {
 		return nil, err
 	}
+	// The callout signs an answer for every connection: its key is derived once.
+	calloutSigner, err := mint.Derived(p.keys.Callout.Signer)
+	if err != nil {
+		return nil, err
+	}
 	d.callout = &handlers.Callout{
 		Space: cfg.Space, Guard: d.guard, Keys: d.http.Keys, Ledger: p.stores.Actors, Pipeline: pipeline,
-		Account: p.keys.Callout.Public(), Signer: p.keys.Callout.Signer, XKey: p.keys.CalloutXKey,
+		Account: p.keys.Callout.Public(), Signer: calloutSigner, XKey: p.keys.CalloutXKey,
 		Log:   p.log.With("face", "callout"),
 		Conns: p.conns, Refused: func(budget string) { p.metrics.ConnectionRefused(budget, "callout") },
 	}

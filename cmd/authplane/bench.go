@@ -8,8 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,22 +33,58 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection")
 	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase (after a warm-up of a fifth of it, at most 1s)")
+	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end against a filled revocation set), storm (bearer connections at once through the auth callout)")
+	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the revocation set's sizes (keys) to fill it to, ascending; max: the largest below its capacity that leaves room for the phase's own ends")
+	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size")
+	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency")
+	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal (and as many through the callout ceiling, and with direct JWTs)")
 	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
 	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "the plane's micro service instances (and the echo ceiling's)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
 	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space; with --nats-url, the one its servers were set up with)")
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
-	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster; --cluster 3 sets it)")
+	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would; 0: an embedded server")
 	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the first operation's measured phase to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file: of the first operation's measured phase, or without ops of the largest storm through the callout")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	b.Ops = strings.Split(*ops, ",")
+	b.Phases = strings.Split(*phases, ",")
 	b.Workers = cfg.Workers
+	var problems []error
+	for _, l := range []struct {
+		flag string
+		in   string
+		out  *[]int
+	}{{"--end-fill", *endFill, &b.EndFill}, {"--end-concurrency", *endConcurrency, &b.EndConcurrency}, {"--storm", *storm, &b.Storm}} {
+		var err error
+		in := l.in
+		if l.flag == "--end-fill" {
+			in = strings.ReplaceAll(in, "max", strconv.Itoa(bench.FillMax))
+		}
+		if *l.out, err = intList(in); err != nil {
+			problems = append(problems, fmt.Errorf("%s %q: %w", l.flag, l.in, err))
+		}
+	}
 	if err := b.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	switch {
+	case *cluster < 0 || *cluster > 5:
+		problems = append(problems, fmt.Errorf("--cluster %d: want 0 (an embedded server) to 5", *cluster))
+	case *cluster > 0 && cfg.NATSURL != "":
+		problems = append(problems, errors.New("--cluster starts its own servers: drop --nats-url"))
+	case *cluster > 0 && !flagSet(fs, "replicas"):
+		cfg.Replicas = 1
+		if *cluster >= 3 {
+			cfg.Replicas = 3
+		}
+	}
+	if err := errors.Join(problems...); err != nil {
 		return err
 	}
 	if *dir == "" {
@@ -69,17 +109,36 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer f.Close()
-		b.CPUProfile = f
+		if slices.Contains(b.Phases, bench.PhaseOps) {
+			b.CPUProfile = f
+		} else {
+			b.StormProfile = f
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stderr, "bench: starting a plane (%d workers) in %s\n", cfg.Workers, cfg.Dir)
+	b.Broker = "embedded"
+	switch {
+	case *cluster > 0:
+		fmt.Fprintf(stderr, "bench: starting a cluster of %d nats-servers in %s\n", *cluster, cfg.Dir)
+		c, err := bench.StartCluster(filepath.Join(cfg.Dir, "cluster"), cfg.Space, *cluster)
+		if err != nil {
+			return err
+		}
+		defer c.Shutdown()
+		cfg.NATSURL, cfg.SpaceDir = c.URLs(), c.SpaceDir
+		b.Broker = fmt.Sprintf("cluster of %d", c.Size())
+	case cfg.NATSURL != "":
+		b.Broker = "--nats-url"
+	}
+	b.Replicas = cfg.Replicas
+	fmt.Fprintf(stderr, "bench: starting a plane (%d workers, replicas %d) in %s\n", cfg.Workers, cfg.Replicas, cfg.Dir)
 	plane, err := service.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	report, err := measure(ctx, plane, b)
+	report, err := measure(ctx, plane, cfg.MaxConnections, b)
 	if cerr := plane.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -98,14 +157,35 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// intList parses a comma-separated list of integers.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, errors.New("want comma-separated integers")
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// flagSet reports whether the command line set flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // measure runs the bench against a started plane.
-func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.Report, error) {
+func measure(ctx context.Context, plane *service.Plane, maxConnections int64, b bench.Config) (*bench.Report, error) {
 	info := plane.Info()
 	keys, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
 	if err != nil {
 		return nil, err
 	}
-	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys}, b)
+	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL,
+		RevocationCapacity: info.RevocationCapacity}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}
@@ -114,8 +194,43 @@ func measure(ctx context.Context, plane *service.Plane, b bench.Config) (*bench.
 
 // printReport prints r as a table with the ceilings and ratios.
 func printReport(w io.Writer, r *bench.Report) {
-	fmt.Fprintf(w, "authplane bench: %d requesters (one instance: %v), %d workers, %d CPUs, %s, %.0fs a phase\n",
-		r.Requesters, r.OneInstance, r.Workers, r.CPUs, r.GoVersion, r.DurationS)
+	fmt.Fprintf(w, "authplane bench: %s broker (replicas %d), %d workers, %d CPUs, %s\n",
+		r.Broker, r.Replicas, r.Workers, r.CPUs, r.GoVersion)
+	if len(r.Operations) > 0 {
+		printOps(w, r)
+	}
+	if len(r.Ends) > 0 {
+		printEnds(w, r.Ends)
+	}
+	if len(r.Storms) > 0 {
+		printStorms(w, r.Storms)
+	}
+}
+
+// printStorms prints the storm phase's runs.
+func printStorms(w io.Writer, storms []bench.Storm) {
+	fmt.Fprintf(w, "\n%-22s %7s %9s %10s %8s %8s %10s %12s %10s %8s  %s\n",
+		"storm", "N", "connected", "all in s", "conn/s", "p50 ms", "p99 ms", "failed/tries", "cpu µs/c", "÷ceiling", "callout answers")
+	for _, s := range storms {
+		all, ratio := "-", "-"
+		if s.AllS > 0 {
+			all = fmt.Sprintf("%.2f", s.AllS)
+		}
+		if s.RatioToCeiling > 0 {
+			ratio = fmt.Sprintf("%.3f", s.RatioToCeiling)
+		}
+		answers := "-"
+		if s.Via == bench.ViaCallout {
+			answers = refusedText(s.Answers)
+		}
+		fmt.Fprintf(w, "%-22s %7d %9d %10s %8.0f %8.0f %10.0f %12s %10.0f %8s  %s\n",
+			s.Via, s.N, s.Connected, all, s.ConnectsPerS, s.P50, s.P99, fmt.Sprintf("%d/%d", s.FailedAttempts, s.Attempts), s.CPUPerConnect, ratio, answers)
+	}
+}
+
+// printOps prints the operations with their ceilings.
+func printOps(w io.Writer, r *bench.Report) {
+	fmt.Fprintf(w, "\n%d requesters (one instance: %v), %.0fs a phase\n", r.Requesters, r.OneInstance, r.DurationS)
 	fmt.Fprintf(w, "%-20s %10s %10s %8s %8s %8s %10s %8s %8s  %s\n",
 		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "refused")
 	fmt.Fprintf(w, "%-20s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s\n",
@@ -128,13 +243,27 @@ func printReport(w io.Writer, r *bench.Report) {
 	}
 }
 
+// printEnds prints the end phase's cells.
+func printEnds(w io.Writer, cells []bench.EndCell) {
+	fmt.Fprintf(w, "\n%-20s %8s %8s %8s %8s %8s %10s %10s  %s\n",
+		"supervisor-end", "at once", "ends/s", "p50 ms", "p99 ms", "max ms", "set keys", "JWT bytes", "failed")
+	for _, c := range cells {
+		failed := refusedText(c.Failed)
+		if c.NotEvicted > 0 {
+			failed += fmt.Sprintf(" (%d confirmed but not all evicted)", c.NotEvicted)
+		}
+		fmt.Fprintf(w, "%-20s %8d %8.1f %8.0f %8.0f %8.0f %10d %10d  %s\n",
+			fmt.Sprintf("filled to %d", c.Fill), c.Concurrency, c.EndsPerS, c.P50, c.P99, c.Max, c.SetKeys, c.JWTBytes, failed)
+	}
+}
+
 func refusedText(m map[string]int) string {
 	if len(m) == 0 {
 		return "none"
 	}
 	var parts []string
-	for code, n := range m {
-		parts = append(parts, fmt.Sprintf("%s %d", code, n))
+	for _, code := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", code, m[code]))
 	}
 	return strings.Join(parts, ", ")
 }

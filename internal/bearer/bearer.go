@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -62,7 +63,22 @@ type stored struct {
 type Keys struct {
 	set *fence.Fence[keySet]
 	now func() time.Time
+
+	// published is the public half of every key of the set as read at readAt: what Validate
+	// checks bearers with, for PublishedFor.
+	mu        sync.Mutex
+	published map[string]ed25519.PublicKey
+	readAt    time.Time
 }
+
+// PublishedFor is how long Validate checks bearers against the key set it read last, instead
+// of reading it again for every bearer (a leader read and a parse of every private key, a
+// tenth of an auth callout's CPU). A kid it does not know reads the set again at once, so a
+// key another replica rotated in validates its first bearer. A key retired meanwhile can
+// only validate bearers that have expired: a key is retired RetireFloor after it stopped
+// signing, and every bearer it signed expired MaxTTL after that at the latest; any cache
+// shorter than RetireFloor − MaxTTL − Skew (295 s) keeps that margin.
+const PublishedFor = 10 * time.Second
 
 // New returns the key set kept in the keys bucket kv.
 func New(kv fence.KV, now func() time.Time) *Keys {
@@ -220,7 +236,8 @@ func (k *Keys) Rotate(ctx context.Context) (string, error) {
 // ErrTooSoon refuses to retire a key that signed less than RetireFloor ago.
 var ErrTooSoon = errors.New("the key stopped signing less than the retire floor ago")
 
-// Retire stops publishing kid: the bearers it signed fail from then on. The active key is
+// Retire stops publishing kid: the bearers it signed fail from then on (each of which has
+// expired already: see PublishedFor). The active key is
 // refused, and so is one that stopped signing less than RetireFloor ago.
 func (k *Keys) Retire(ctx context.Context, kid string) error {
 	now := k.now()

@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
 
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 )
 
@@ -165,6 +167,92 @@ func TestATamperedOrForeignBearerIsRefused(t *testing.T) {
 	}
 	if _, _, err := k.Issue(ctx(t), "default", Claims{Owner: owner, Actor: "cli", View: "root"}, time.Minute); err == nil {
 		t.Error("a bearer of an unknown view was issued")
+	}
+}
+
+// countingKV counts the reads of the key set's row.
+type countingKV struct {
+	*storetest.KV
+	gets atomic.Int64
+}
+
+func (c *countingKV) Get(ctx context.Context, key string) (store.Entry, error) {
+	c.gets.Add(1)
+	return c.KV.Get(ctx, key)
+}
+
+// Validate reads the key set once per PublishedFor, not once per bearer: the auth callout
+// validates a bearer on every connection.
+func TestValidateReadsTheKeySetOncePerPublishedFor(t *testing.T) {
+	kv := &countingKV{KV: storetest.New()}
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	k := New(kv, c.now)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Ensure(ctx(t), jose.JSONWebKey{Key: priv}); err != nil {
+		t.Fatal(err)
+	}
+	token, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := kv.gets.Load()
+	for range 50 {
+		if _, err := k.Validate(ctx(t), "default", token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := kv.gets.Load() - before; got != 1 {
+		t.Fatalf("50 validations within PublishedFor read the key set %d times, want once", got)
+	}
+	c.t = c.t.Add(PublishedFor)
+	if _, err := k.Validate(ctx(t), "default", token); err != nil {
+		t.Fatal(err)
+	}
+	if got := kv.gets.Load() - before; got != 2 {
+		t.Fatalf("a validation PublishedFor later: %d reads in all, want a second one", got)
+	}
+}
+
+// A bearer signed by a key another replica rotated in a moment ago validates at once: a kid
+// the cached set does not hold reads the set again. One no set publishes is refused.
+func TestABearerOfAKeyRotatedInElsewhereValidatesAtOnce(t *testing.T) {
+	kv := storetest.New()
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	here, there := New(kv, c.now), New(kv, c.now)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := here.Ensure(ctx(t), jose.JSONWebKey{Key: priv}); err != nil {
+		t.Fatal(err)
+	}
+	old, _, err := here.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := here.Validate(ctx(t), "default", old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := there.Rotate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _, err := there.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := here.Validate(ctx(t), "default", fresh); err != nil {
+		t.Fatalf("a bearer of a key rotated in elsewhere, validated here at once: got %v, want it valid", err)
+	}
+	other, _ := newKeys(t)
+	foreign, _, err := other.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := here.Validate(ctx(t), "default", foreign); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a bearer of a key no set here publishes: got %v, want it refused", err)
 	}
 }
 

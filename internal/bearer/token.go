@@ -138,7 +138,7 @@ type refused struct{ error }
 func (r refused) Is(target error) bool { return target == ErrRefused }
 
 // Validate checks a bearer for space, as the auth callout does: no key headers, EdDSA, a key
-// of the published set by kid, the exact issuer and audience, iat, nbf and exp present and
+// of the published set by kid (as read within PublishedFor), the exact issuer and audience, iat, nbf and exp present and
 // consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
 // error that judges the bearer has ErrRefused in its chain; any other is the store's.
 func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error) {
@@ -146,32 +146,64 @@ func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error
 	if err != nil {
 		return Claims{}, refused{err}
 	}
-	s, err := k.read(ctx)
+	pub, err := k.publicKey(ctx, kid)
+	if errors.Is(err, errUnpublished) {
+		return Claims{}, refused{err}
+	}
 	if err != nil {
 		return Claims{}, err
 	}
-	c, err := k.judge(s, kid, space, token)
+	c, err := k.judge(pub, space, token)
 	if err != nil {
 		return Claims{}, refused{err}
 	}
 	return c, nil
 }
 
-// judge checks a bearer against key set s.
-func (k *Keys) judge(s keySet, kid, space, token string) (Claims, error) {
-	i := slices.IndexFunc(s.Keys, func(e stored) bool { return e.KID == kid })
-	if i < 0 {
-		return Claims{}, errors.New("the bearer's kid is not a published key")
+// errUnpublished refuses a bearer whose kid the key set does not publish.
+var errUnpublished = errors.New("the bearer's kid is not a published key")
+
+// publicKey returns the public key of kid as the key set published it within PublishedFor,
+// reading the set again when it was read longer ago or does not hold kid.
+func (k *Keys) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
+	now := k.now()
+	k.mu.Lock()
+	pub, ok := k.published[kid]
+	fresh := !now.Before(k.readAt) && now.Sub(k.readAt) < PublishedFor
+	k.mu.Unlock()
+	if ok && fresh {
+		return pub, nil
 	}
-	priv, err := privateKey(s.Keys[i])
+	s, err := k.read(ctx)
 	if err != nil {
-		return Claims{}, err
+		return nil, err
 	}
+	published := make(map[string]ed25519.PublicKey, len(s.Keys))
+	for _, e := range s.Keys {
+		priv, err := privateKey(e)
+		if err != nil {
+			return nil, err // parseSet checked each key: this is a store fault
+		}
+		published[e.KID] = priv.Public().(ed25519.PublicKey)
+	}
+	k.mu.Lock()
+	if !now.Before(k.readAt) {
+		k.published, k.readAt = published, now
+	}
+	k.mu.Unlock()
+	if pub, ok = published[kid]; !ok {
+		return nil, errUnpublished
+	}
+	return pub, nil
+}
+
+// judge checks a bearer against the public key its kid names.
+func (k *Keys) judge(pub ed25519.PublicKey, space, token string) (Claims, error) {
 	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		return Claims{}, errors.New("the bearer is not a compact JWS")
 	}
-	payload, err := jws.Verify(priv.Public().(ed25519.PublicKey))
+	payload, err := jws.Verify(pub)
 	if err != nil {
 		return Claims{}, errors.New("the bearer's signature does not verify")
 	}

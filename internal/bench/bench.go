@@ -19,12 +19,25 @@ import (
 	"github.com/cotal-ai/authplane/internal/space"
 )
 
+// Phases of a run, in the order they run: the operations against their ceilings, the
+// supervisor ends against a filled revocation set, the reconnect storm through the callout.
+const (
+	PhaseOps   = "ops"
+	PhaseEnds  = "ends"
+	PhaseStorm = "storm"
+)
+
+// Phases lists every phase in the order a run takes them.
+var Phases = []string{PhaseOps, PhaseEnds, PhaseStorm}
+
 // Operations the bench drives, in the order it drives them: prepare re-registers every
 // instance, so it runs last.
 var Operations = []string{client.OpRenew, client.OpRenewStandingBundle, client.OpPrepare}
 
 // Config is what one run measures.
 type Config struct {
+	// Phases are the phases to run, a subset of Phases.
+	Phases []string
 	// Requesters is N: how many principals request at once, each on its own connection.
 	Requesters int
 	// Duration is how long each measured phase lasts, after a warm-up of a fifth of it (at
@@ -38,6 +51,22 @@ type Config struct {
 	// Workers is how many micro service instances serve the echo ceiling: the plane's own
 	// --workers, so both serve the same way.
 	Workers int
+	// EndFill are the revocation set's sizes (keys) the end phase fills it to, in ascending
+	// order; EndConcurrency the numbers of ends it runs at once at each; EndRounds how many
+	// rounds of them at each.
+	EndFill        []int
+	EndConcurrency []int
+	EndRounds      int
+	// Storm are the sizes of the reconnect storms: N connections at once, each its own
+	// principal.
+	Storm []int
+	// StormProfile, when set, receives a CPU profile of the largest storm through the plane's
+	// callout.
+	StormProfile io.Writer
+	// Broker names what the plane serves on, for the report: "embedded", "cluster of 3",
+	// "--nats-url"; Replicas is its buckets' and streams' replicas.
+	Broker   string
+	Replicas int
 	// Progress receives a line per phase; nil discards them.
 	Progress io.Writer
 	// CPUProfile, when set, receives a CPU profile of the first operation's measured phase.
@@ -56,6 +85,20 @@ func (c Config) Validate() error {
 	if c.Workers < 1 {
 		p = append(p, fmt.Errorf("--workers %d: want 1 or more", c.Workers))
 	}
+	for _, ph := range c.Phases {
+		if !slices.Contains(Phases, ph) {
+			p = append(p, fmt.Errorf("--phases: %q is not one of ops, ends, storm", ph))
+		}
+	}
+	if len(c.Phases) == 0 {
+		p = append(p, errors.New("--phases: want at least one of ops, ends, storm"))
+	}
+	if c.runs(PhaseEnds) {
+		p = append(p, c.validateEnds()...)
+	}
+	if c.runs(PhaseStorm) && (len(c.Storm) == 0 || slices.Min(c.Storm) < 1 || slices.Max(c.Storm) > 100_000) {
+		p = append(p, fmt.Errorf("--storm %v: want 1 to 100000 connections each", c.Storm))
+	}
 	if len(c.Ops) == 0 {
 		p = append(p, errors.New("--ops: want at least one of renew, renewStandingBundle, prepare"))
 	}
@@ -67,6 +110,23 @@ func (c Config) Validate() error {
 	return errors.Join(p...)
 }
 
+func (c Config) validateEnds() []error {
+	var p []error
+	if len(c.EndFill) == 0 || slices.ContainsFunc(c.EndFill, func(f int) bool { return f < FillMax || f > 1_000_000 }) {
+		p = append(p, fmt.Errorf("--end-fill %v: want sizes from 0 in ascending order, or max", c.EndFill))
+	}
+	if len(c.EndConcurrency) == 0 || slices.Min(c.EndConcurrency) < 1 || slices.Max(c.EndConcurrency) > 256 {
+		p = append(p, fmt.Errorf("--end-concurrency %v: want 1 to 256 each", c.EndConcurrency))
+	}
+	if c.EndRounds < 1 || c.EndRounds > 100 {
+		p = append(p, fmt.Errorf("--end-rounds %d: want 1 to 100", c.EndRounds))
+	}
+	return p
+}
+
+// runs says whether the run includes phase.
+func (c Config) runs(phase string) bool { return slices.Contains(c.Phases, phase) }
+
 func (c Config) warmup() time.Duration { return min(c.Duration/5, time.Second) }
 
 // Target is the running plane a bench drives.
@@ -76,6 +136,14 @@ type Target struct {
 	// Keys is the plane's space material: the bench signs its requesters' credentials, its echo
 	// user and its mint ceiling with it.
 	Keys *space.Keys
+	// MaxConnections is the plane's limit on the data account's connections, which the data
+	// account's JWT carries: the bench signs that JWT as the plane does when it fills the
+	// revocation set.
+	MaxConnections int64
+	// HTTPURL is the plane's loopback HTTP face; its metrics count the callout's answers.
+	HTTPURL string
+	// RevocationCapacity is the most keys the data account's revocation set holds.
+	RevocationCapacity int
 }
 
 // Phase is what one measured phase counted. Rates count successful requests only; refusals
@@ -106,6 +174,8 @@ type Report struct {
 	Requesters  int    `json:"requesters"`
 	OneInstance bool   `json:"one_instance"`
 	Workers     int    `json:"workers"`
+	Broker      string `json:"broker"`
+	Replicas    int    `json:"replicas"`
 	CPUs        int    `json:"cpus"`
 	GoVersion   string `json:"go"`
 	// DurationS is each measured phase's length, in seconds.
@@ -121,10 +191,14 @@ type Report struct {
 	// alone, with the same signing key, on every CPU.
 	CeilingMintPerS float64 `json:"ceiling_mint_per_s"`
 	Operations      []Phase `json:"operations"`
+	// Ends are the end phase's cells.
+	Ends []EndCell `json:"ends,omitempty"`
+	// Storms are the storm phase's runs: for each N, the ceiling, the callout, direct JWTs.
+	Storms []Storm `json:"storms,omitempty"`
 }
 
-// Run measures t: it registers the requesters, measures the echo and mint ceilings, then
-// drives each operation of cfg in Operations' order.
+// Run measures t, phase by phase: the operations against the echo and mint ceilings, then the
+// supervisor ends, then the reconnect storm, each if cfg names it.
 func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -133,28 +207,56 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	iss, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	r := &Report{Requesters: cfg.Requesters, OneInstance: cfg.OneInstance, Workers: cfg.Workers,
+		Broker: cfg.Broker, Replicas: cfg.Replicas, CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
+	if cfg.runs(PhaseOps) {
+		if err := runOps(ctx, t, cfg, r, progress); err != nil {
+			return nil, err
+		}
+	}
+	if !cfg.runs(PhaseEnds) && !cfg.runs(PhaseStorm) {
+		return r, nil
+	}
+	s, err := openSide(ctx, t)
 	if err != nil {
 		return nil, err
+	}
+	defer s.close()
+	if cfg.runs(PhaseEnds) {
+		if r.Ends, err = runEnds(ctx, t, s, cfg, progress); err != nil {
+			return nil, fmt.Errorf("end phase: %w", err)
+		}
+	}
+	if cfg.runs(PhaseStorm) {
+		if r.Storms, err = runStorms(ctx, t, s, cfg, progress); err != nil {
+			return nil, fmt.Errorf("storm phase: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// runOps registers the requesters, measures the echo and mint ceilings, then drives each
+// operation of cfg in Operations' order, into r.
+func runOps(ctx context.Context, t Target, cfg Config, r *Report, progress io.Writer) error {
+	iss, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(progress, "bench: registering %d requesters (one instance: %v)\n", cfg.Requesters, cfg.OneInstance)
 	reqs, err := register(ctx, t, cfg)
 	defer closeAll(reqs)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	r := &Report{Requesters: cfg.Requesters, OneInstance: cfg.OneInstance, Workers: cfg.Workers,
-		CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
-
 	echo, err := echoCeiling(ctx, t, iss, cfg, reqs)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.CeilingEchoPerS, r.EchoP50, r.EchoP99, r.EchoCPU = echo.RequestsPerS, echo.P50, echo.P99, echo.CPUPerRequest
 	fmt.Fprintf(progress, "bench: echo ceiling %.0f req/s, p50 %.2f ms, p99 %.2f ms\n", echo.RequestsPerS, echo.P50, echo.P99)
 
 	if r.CeilingMintPerS, err = mintCeiling(ctx, iss, t.Keys.Space, cfg); err != nil {
-		return nil, err
+		return err
 	}
 	fmt.Fprintf(progress, "bench: mint ceiling %.0f credentials/s\n", r.CeilingMintPerS)
 
@@ -180,7 +282,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 		r.Operations = append(r.Operations, ph)
 	}
 	r.Phase = r.Operations[0]
-	return r, nil
+	return nil
 }
 
 // startProfile starts a CPU profile into w (nil: none) and returns its stop.

@@ -65,7 +65,7 @@ func register(ctx context.Context, t Target, cfg Config) ([]*requester, error) {
 			if !cfg.OneInstance {
 				owner = newOwner()
 			}
-			reqs[i], errs[i] = connect(ctx, t, owner, fmt.Sprintf("bench_%d", i))
+			reqs[i], errs[i] = connect(ctx, t, owner, fmt.Sprintf("bench_%d", i), ledger.Supervise)
 		})
 	}
 	wg.Wait()
@@ -92,11 +92,11 @@ func register(ctx context.Context, t Target, cfg Config) ([]*requester, error) {
 	return reqs, errors.Join(errs...)
 }
 
-// connect grants owner.actor `supervise` and connects it with a fresh caller credential.
-func connect(ctx context.Context, t Target, owner, actor string) (*requester, error) {
+// connect grants owner.actor scope and connects it with a fresh caller credential.
+func connect(ctx context.Context, t Target, owner, actor string, scope ...string) (*requester, error) {
 	gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := admin.Grant(gctx, t.Keys, t.NATSURL, owner, actor, []string{ledger.Supervise}); err != nil {
+	if _, err := admin.Grant(gctx, t.Keys, t.NATSURL, owner, actor, scope); err != nil {
 		return nil, fmt.Errorf("grant %s.%s: %w", owner, actor, err)
 	}
 	o := admin.DefaultCreds()
@@ -153,10 +153,15 @@ func closeAll(reqs []*requester) {
 }
 
 // newOwner returns a fresh `u_` owner: 26 base32-lower characters of 16 random bytes.
-func newOwner() string {
+func newOwner() string { return ownerWith("u_") }
+
+// newPlatformOwner returns a fresh `p_` owner, a platform holder's.
+func newPlatformOwner() string { return ownerWith("p_") }
+
+func ownerWith(prefix string) string {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
 		panic("bench: crypto/rand failed: " + err.Error())
 	}
-	return "u_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
 }

@@ -253,6 +253,11 @@ func (i *Issuer) ConnectAs(kp nkeys.KeyPair, name string, g subjects.Permissions
 	), nil
 }
 
+// Derived returns kp with its public key and Ed25519 private key derived once, for a key that
+// signs often outside an Issuer (the auth callout's answers): nkeys derives both from the seed
+// again on every call.
+func Derived(kp nkeys.KeyPair) (nkeys.KeyPair, error) { return cache(kp) }
+
 // cachedKey is an nkeys.KeyPair whose public key and ed25519 private key are derived once:
 // nkeys re-derives both from the seed on every call, which more than doubles signing cost.
 type cachedKey struct {

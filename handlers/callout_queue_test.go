@@ -1,0 +1,153 @@
+package handlers
+
+import (
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// queueProbe is a calloutQueue whose decisions record the request they were handed and block
+// until the test releases them.
+type queueProbe struct {
+	q       *calloutQueue
+	release chan struct{}
+	mu      sync.Mutex
+	started []string
+	served  []string
+}
+
+func newQueueProbe(inFlight, backlog int) *queueProbe {
+	p := &queueProbe{release: make(chan struct{})}
+	p.q = newCalloutQueue(inFlight, backlog, func(r calloutRequest) {
+		p.record(&p.started, r.m.Subject)
+		<-p.release
+		p.record(&p.served, r.m.Subject)
+	}, slog.New(slog.DiscardHandler))
+	return p
+}
+
+func (p *queueProbe) record(into *[]string, s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	*into = append(*into, s)
+}
+
+// snapshot returns copies of what was started and served.
+func (p *queueProbe) snapshot() (started, served []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.started), slices.Clone(p.served)
+}
+
+func request(name string, at time.Time) calloutRequest {
+	return calloutRequest{m: &nats.Msg{Subject: name}, at: at}
+}
+
+// waitUntil polls cond every 5 ms for up to 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A storm asks faster than the callout decides: a request that finds every slot busy waits its
+// turn, oldest first, instead of being dropped (the broker would refuse that connection), and
+// every worker ends once nothing waits.
+func TestCalloutQueueDecidesEveryRequestPastItsSlotsInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	p := newQueueProbe(1, 8)
+	now := time.Now()
+	var want []string
+	for i := range 6 {
+		name := strconv.Itoa(i)
+		want = append(want, name)
+		if !p.q.take(request(name, now)) {
+			t.Fatalf("request %d of 6 with one slot and a backlog of 8: dropped, want it queued", i)
+		}
+	}
+	waitUntil(t, "the first request is being decided", func() bool { s, _ := p.snapshot(); return len(s) == 1 })
+	close(p.release)
+	waitUntil(t, "every request is decided", func() bool { _, s := p.snapshot(); return len(s) == len(want) })
+	if _, served := p.snapshot(); !slices.Equal(served, want) {
+		t.Fatalf("decided %v, want %v (arrival order)", served, want)
+	}
+	waitUntil(t, "the worker gives its slot up", func() bool { return len(p.q.inFlight) == 0 })
+}
+
+// A request that waited past CalloutQueueWait is not decided (the broker has given up on it);
+// one behind it that has not waited so long is.
+func TestCalloutQueueDropsARequestThatWaitedPastTheBrokersPatience(t *testing.T) {
+	t.Parallel()
+	p := newQueueProbe(1, 8)
+	close(p.release)
+	p.q.take(request("stale", time.Now().Add(-CalloutQueueWait-time.Millisecond)))
+	p.q.take(request("fresh", time.Now()))
+	waitUntil(t, "the fresh request is decided", func() bool { _, s := p.snapshot(); return slices.Contains(s, "fresh") })
+	waitUntil(t, "the worker gives its slot up", func() bool { return len(p.q.inFlight) == 0 })
+	if started, _ := p.snapshot(); !slices.Equal(started, []string{"fresh"}) {
+		t.Fatalf("decided %v, want only the fresh request", started)
+	}
+}
+
+// Past the backlog a request is dropped at once, and take says so.
+func TestCalloutQueueDropsPastAFullBacklog(t *testing.T) {
+	t.Parallel()
+	p := newQueueProbe(2, 3)
+	now := time.Now()
+	for i := range 5 {
+		if !p.q.take(request(strconv.Itoa(i), now)) {
+			t.Fatalf("request %d with two slots and a backlog of 3: dropped, want it taken", i)
+		}
+	}
+	if p.q.take(request("sixth", now)) {
+		t.Fatal("a sixth request with two slots busy and a backlog of 3 full: taken, want it dropped")
+	}
+	close(p.release)
+	waitUntil(t, "the five taken are decided", func() bool { _, s := p.snapshot(); return len(s) == 5 })
+	waitUntil(t, "the workers give their slots up", func() bool { return len(p.q.inFlight) == 0 })
+	if _, served := p.snapshot(); slices.Contains(served, "sixth") {
+		t.Fatalf("decided %v, want the dropped request not among them", served)
+	}
+}
+
+// Requests taken from many goroutines while workers come and go are each decided once: none
+// is stranded in the backlog by a worker that gave its slot up just as it was queued.
+func TestCalloutQueueStrandsNoRequestUnderConcurrentTakes(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	q := newCalloutQueue(3, 10_000, func(r calloutRequest) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[r.m.Subject]++
+	}, slog.New(slog.DiscardHandler))
+	const takers, each = 8, 500
+	var wg sync.WaitGroup
+	for g := range takers {
+		wg.Go(func() {
+			for i := range each {
+				q.take(request(strconv.Itoa(g*each+i), time.Now()))
+			}
+		})
+	}
+	wg.Wait()
+	waitUntil(t, "every request is decided", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == takers*each })
+	waitUntil(t, "the workers give their slots up", func() bool { return len(q.inFlight) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	for name, n := range seen {
+		if n != 1 {
+			t.Fatalf("request %s decided %d times, want once", name, n)
+		}
+	}
+}
