@@ -34,23 +34,78 @@ type Counters struct {
 	Dropped uint64 `json:"dropped"`
 	// Throttled counts requests refused by the per-principal rate limit.
 	Throttled uint64 `json:"throttled"`
+	// Detached is an endpoint's own count of its answers when they are sent off micro's handler
+	// (Detached): micro's num_errors and processing_time then count only the hand-off.
+	Detached *DetachedCounters `json:"detached,omitempty"`
+}
+
+// DetachedCounters are a detached endpoint's answers: how many were sent, how many refused
+// (last_error is the last refusal's number and code, as micro keeps it), the time from each
+// request's hand-off to its answer, and how many are under way.
+type DetachedCounters struct {
+	Answered       uint64        `json:"answered"`
+	Errors         uint64        `json:"errors"`
+	LastError      string        `json:"last_error,omitempty"`
+	ProcessingTime time.Duration `json:"processing_time"`
+	InFlight       int           `json:"in_flight"`
 }
 
 // Stats returns the counters of a registered endpoint, for micro's StatsHandler.
 func Stats(e *micro.Endpoint) any {
-	if h, ok := e.Handler.(*endpoint); ok {
-		return Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
+	h, ok := e.Handler.(*endpoint)
+	if !ok {
+		return nil
 	}
-	return nil
+	c := Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
+	if h.detached != nil {
+		c.Detached = h.answers.counters()
+	}
+	return c
+}
+
+// Detached are the endpoints whose requests are answered off micro's handler, at most
+// DetachedInFlight at once per Register. micro runs an instance's requests one at a time and
+// the broker hands each request to a random instance of the queue group, so a request that
+// waits long holds up whichever request comes next to its instance. supervisor-end waits on the
+// revocation set's round (up to a second for the next signing, then the broker's
+// confirmation): twenty ends at once over 32 instances put two or three on one instance, and
+// those took two or three rounds (p99 3 s in `authplane bench --phases ends`, against 1 s at
+// the plane).
+var Detached = map[string]bool{subjects.EndpointSupervisorEnd: true}
+
+// DetachedInFlight bounds the detached answers under way per Register; past it an instance
+// waits for one to finish before it takes its next request, as it would answering inline.
+const DetachedInFlight = 64
+
+// Served is what one Register added: the service instances, and the detached answers under way.
+type Served struct {
+	Services []micro.Service
+	detached *detached
+}
+
+// Stop stops every service instance, then waits until the detached answers under way are
+// sent, until by at the latest. A request micro delivers after that is answered inline.
+func (s *Served) Stop(by time.Time) error {
+	var errs []error
+	for _, svc := range s.Services {
+		if err := svc.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.detached != nil && !s.detached.wait(by) {
+		errs = append(errs, errors.New("detached answers still under way at the stop's deadline"))
+	}
+	return errors.Join(errs...)
 }
 
 // Register adds `workers` micro service instances of cfg to nc, each serving every endpoint of
 // fns in cfg's queue group. micro runs an endpoint's requests one at a time and takes its stats
 // when the handler returns, so the plane serves in parallel with instances, not copies: `nats
 // micro info` shows each endpoint once, and `nats micro stats` one row per instance. Each
-// instance's metadata says which worker it is.
-func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, workers int) ([]micro.Service, error) {
-	var svcs []micro.Service
+// instance's metadata says which worker it is. The Detached endpoints share one bound of
+// answers under way across the instances.
+func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, workers int) (*Served, error) {
+	served := &Served{detached: newDetached(nc, DetachedInFlight)}
 	for w := range max(workers, 1) {
 		c := cfg
 		c.Metadata = map[string]string{"worker": strconv.Itoa(w)}
@@ -60,22 +115,25 @@ func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, wor
 		c.StatsHandler = Stats
 		svc, err := micro.AddService(nc, c)
 		if err != nil {
-			return svcs, fmt.Errorf("micro service %s worker %d: %w", c.Name, w, err)
+			return served, fmt.Errorf("micro service %s worker %d: %w", c.Name, w, err)
 		}
-		svcs = append(svcs, svc)
+		served.Services = append(served.Services, svc)
 		group := svc.AddGroup(subjects.AuthPrefix(b.Space))
 		for _, name := range subjects.Endpoints {
 			fn, ok := fns[name]
 			if !ok {
-				return svcs, fmt.Errorf("endpoint %s has no handler", name)
+				return served, fmt.Errorf("endpoint %s has no handler", name)
 			}
 			h := &endpoint{bus: b, name: name, fn: fn}
+			if Detached[name] {
+				h.detached = served.detached
+			}
 			if err := group.AddEndpoint(name, h, micro.WithEndpointSubject(subjects.EndpointPattern(name))); err != nil {
-				return svcs, fmt.Errorf("register endpoint %s: %w", name, err)
+				return served, fmt.Errorf("register endpoint %s: %w", name, err)
 			}
 		}
 	}
-	return svcs, nil
+	return served, nil
 }
 
 // endpoint is one endpoint of one service instance.
@@ -83,11 +141,14 @@ type endpoint struct {
 	bus       *Bus
 	name      string
 	fn        Func
+	detached  *detached // nil: answered inline
+	answers   answers   // the detached answers of this instance's endpoint
 	dropped   atomic.Uint64
 	throttled atomic.Uint64
 }
 
-// Handle serves one request.
+// Handle serves one request: inline, or for a detached endpoint on a goroutine of its own once
+// a slot is free (inline once the services stopped).
 func (h *endpoint) Handle(req micro.Request) {
 	b := h.bus
 	name, owner, actor, ok := subjects.ParseEndpointSubject(b.Space, req.Subject())
@@ -99,7 +160,27 @@ func (h *endpoint) Handle(req micro.Request) {
 		h.drop("reply subject is not the caller's inbox", "caller", subjects.Principal(owner, actor), "reply", fault.Clip(req.Reply(), 2*fault.MaxQuote))
 		return
 	}
-	reply, refusal := b.Guard.Serve(Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}, h.fn)
+	call := Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}
+	if d := h.detached; d != nil {
+		select {
+		case d.slots <- struct{}{}:
+			a := d.answerTo(req, &h.answers)
+			go func() {
+				defer func() { <-d.slots }()
+				defer a.done()
+				h.serve(a, call)
+			}()
+			return
+		case <-d.stopped:
+		}
+	}
+	h.serve(req, call)
+}
+
+// serve answers call on req.
+func (h *endpoint) serve(req micro.Request, call Call) {
+	b := h.bus
+	reply, refusal := b.Guard.Serve(call, h.fn)
 	var err error
 	if refusal != nil {
 		if errors.Is(refusal, ErrThrottled) {

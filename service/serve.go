@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
@@ -26,8 +27,8 @@ import (
 // serving is one generation of the serving side: a connection of a fresh data-account user and
 // the micro service instances on it. A generation is replaced before its user expires.
 type serving struct {
-	nc   *nats.Conn
-	svcs []micro.Service
+	nc     *nats.Conn
+	served *handlers.Served
 }
 
 // doors are what every call passes and what serves it, built once and served on the bus and on
@@ -148,13 +149,13 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 		if err != nil {
 			return nil, err
 		}
-		svcs, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
+		served, err := bus.Register(nc, p.microConfig(), fns, cfg.Workers)
 		if err == nil {
 			// A round trip: the broker holds every subscription before anyone counts on them
 			// (a caller right behind the start, the old generation about to stop).
 			err = nc.FlushTimeout(cfg.RequestTimeout)
 		}
-		s := &serving{nc: nc, svcs: svcs}
+		s := &serving{nc: nc, served: served}
 		if err != nil {
 			return nil, errors.Join(err, p.retire(s))
 		}
@@ -191,7 +192,7 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 
 // retire stops a generation's services and drains its connection: requests in flight finish.
 func (p *Plane) retire(s *serving) error {
-	return errors.Join(stopAll(s.svcs), drain(s.nc, p.drainTimeout()))
+	return errors.Join(s.served.Stop(time.Now().Add(p.drainTimeout())), drain(s.nc, p.drainTimeout()))
 }
 
 // microConfig is the micro service every worker registers: its name, version, queue group and
@@ -221,23 +222,12 @@ func (p *Plane) stopServices() error {
 	if s == nil {
 		return nil
 	}
-	err := stopAll(s.svcs)
+	err := s.served.Stop(time.Now().Add(p.drainTimeout()))
 	if err != nil && !p.connected() {
 		p.log.Warn("stopping the micro services while disconnected", "err", err)
 		return nil
 	}
 	return err
-}
-
-// stopAll stops every service of svcs.
-func stopAll(svcs []micro.Service) error {
-	var errs []error
-	for _, svc := range svcs {
-		if err := svc.Stop(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // watchFence watches the plane's own gate from here on: the watch's first value is the gate as
