@@ -34,9 +34,9 @@ const (
 	// CalloutDeadline bounds one decision, from the request's arrival: the broker waits two
 	// seconds for the answer.
 	CalloutDeadline = 1800 * time.Millisecond
-	// CalloutInFlight bounds the decisions under way; past it a request waits, oldest first, in
-	// a backlog of at most CalloutBacklog (past that it is dropped, and the broker refuses that
-	// connection when its wait runs out).
+	// CalloutInFlight bounds the decisions under way; past it a request waits in a backlog of
+	// at most CalloutBacklog (past that it is dropped, and the broker refuses that connection
+	// when its wait runs out). See calloutQueue for the order they are taken in.
 	CalloutInFlight = 256
 	CalloutBacklog  = 8192
 	// CalloutQueueWait is the longest a request waits in the backlog for its decision to start.
@@ -45,6 +45,9 @@ const (
 	// waits for, and a client refused retries. Dropping at once instead of queueing refused
 	// 982 of the first 1,000 attempts of a storm that the callout answered in under 10 s.
 	CalloutQueueWait = time.Second
+	// CalloutCongested is how long the oldest waiting request has waited when the backlog is
+	// taken newest first (see calloutQueue).
+	CalloutCongested = 100 * time.Millisecond
 	// xkeyHeader carries the server's curve key, which sealed the request.
 	xkeyHeader = "Nats-Server-Xkey"
 )
@@ -81,82 +84,10 @@ type Callout struct {
 // subscription ends: at most CalloutInFlight requests are decided at once, the rest wait their
 // turn (calloutQueue).
 func (c *Callout) Subscribe(nc *nats.Conn) (*nats.Subscription, error) {
-	c.once.Do(func() { c.queue = newCalloutQueue(CalloutInFlight, CalloutBacklog, c.serve, c.Log) })
+	c.once.Do(func() { c.queue = newCalloutQueue(CalloutInFlight, CalloutBacklog, time.Now, c.serve, c.Log) })
 	return nc.QueueSubscribe(CalloutSubject, CalloutQueue, func(m *nats.Msg) {
 		c.queue.take(calloutRequest{m: m, at: time.Now()})
 	})
-}
-
-// calloutRequest is a request and when it came.
-type calloutRequest struct {
-	m  *nats.Msg
-	at time.Time
-}
-
-// calloutQueue decides requests, at most inFlight at once: each on a goroutine that goes on
-// to the oldest waiting request when it is done and ends when none waits. A request waits in a
-// backlog of at most backlog; one that waited past CalloutQueueWait is dropped unanswered.
-type calloutQueue struct {
-	inFlight chan struct{}
-	backlog  chan calloutRequest
-	serve    func(calloutRequest)
-	log      *slog.Logger
-}
-
-func newCalloutQueue(inFlight, backlog int, serve func(calloutRequest), log *slog.Logger) *calloutQueue {
-	return &calloutQueue{inFlight: make(chan struct{}, inFlight), backlog: make(chan calloutRequest, backlog), serve: serve, log: log}
-}
-
-// take hands r to a free slot, or queues it; a full backlog drops it, and take reports false.
-func (q *calloutQueue) take(r calloutRequest) bool {
-	select {
-	case q.inFlight <- struct{}{}:
-		go q.work(r)
-		return true
-	default:
-	}
-	select {
-	case q.backlog <- r:
-		return true
-	default:
-		q.log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", cap(q.inFlight), "waiting", cap(q.backlog))
-		return false
-	}
-}
-
-// work decides r and then every request waiting, holding one of the slots.
-func (q *calloutQueue) work(r calloutRequest) {
-	for ok := true; ok; r, ok = q.next() {
-		if time.Since(r.at) > CalloutQueueWait {
-			q.log.Debug("auth callout: a request that waited past the broker's patience dropped")
-			continue
-		}
-		q.serve(r)
-	}
-}
-
-// next hands a worker the oldest waiting request, or gives up its slot and reports false when
-// none waits.
-func (q *calloutQueue) next() (calloutRequest, bool) {
-	for {
-		select {
-		case r := <-q.backlog:
-			return r, true
-		default:
-		}
-		<-q.inFlight
-		// A request queued after the look above, while every slot was held, waits for a worker
-		// that gives its slot up after that: this one, unless another worker holds a slot now
-		// (it looks again before it gives its own up).
-		if len(q.backlog) == 0 {
-			return calloutRequest{}, false
-		}
-		select {
-		case q.inFlight <- struct{}{}:
-		default:
-			return calloutRequest{}, false
-		}
-	}
 }
 
 // serve answers one request, or drops it when it is not the broker's.

@@ -21,9 +21,10 @@ type queueProbe struct {
 	served  []string
 }
 
-func newQueueProbe(inFlight, backlog int) *queueProbe {
+// newQueueProbe is a probe whose queue reads the time from now.
+func newQueueProbe(inFlight, backlog int, now func() time.Time) *queueProbe {
 	p := &queueProbe{release: make(chan struct{})}
-	p.q = newCalloutQueue(inFlight, backlog, func(r calloutRequest) {
+	p.q = newCalloutQueue(inFlight, backlog, now, func(r calloutRequest) {
 		p.record(&p.started, r.m.Subject)
 		<-p.release
 		p.record(&p.served, r.m.Subject)
@@ -60,13 +61,16 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// stopped is a clock that stands at t.
+func stopped(t time.Time) func() time.Time { return func() time.Time { return t } }
+
 // A storm asks faster than the callout decides: a request that finds every slot busy waits its
-// turn, oldest first, instead of being dropped (the broker would refuse that connection), and
-// every worker ends once nothing waits.
+// turn, oldest first while none has waited CalloutCongested, instead of being dropped (the
+// broker would refuse that connection), and every worker ends once nothing waits.
 func TestCalloutQueueDecidesEveryRequestPastItsSlotsInArrivalOrder(t *testing.T) {
 	t.Parallel()
-	p := newQueueProbe(1, 8)
 	now := time.Now()
+	p := newQueueProbe(1, 8, stopped(now))
 	var want []string
 	for i := range 6 {
 		name := strconv.Itoa(i)
@@ -81,19 +85,40 @@ func TestCalloutQueueDecidesEveryRequestPastItsSlotsInArrivalOrder(t *testing.T)
 	if _, served := p.snapshot(); !slices.Equal(served, want) {
 		t.Fatalf("decided %v, want %v (arrival order)", served, want)
 	}
-	waitUntil(t, "the worker gives its slot up", func() bool { return len(p.q.inFlight) == 0 })
+	waitUntil(t, "the worker gives its slot up", p.q.idle)
+}
+
+// Once the oldest waiting request has waited CalloutCongested, the newest is decided first:
+// the broker gives each connection two seconds, and the newest has most of them ahead. The
+// backlog is still decided whole.
+func TestCalloutQueueDecidesNewestFirstOnceTheBacklogIsCongested(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	p := newQueueProbe(1, 8, stopped(now))
+	p.q.take(request("deciding", now))
+	waitUntil(t, "the first request is being decided", func() bool { s, _ := p.snapshot(); return len(s) == 1 })
+	for i, waited := range []time.Duration{CalloutCongested, CalloutCongested / 2, 0} {
+		p.q.take(request(strconv.Itoa(i), now.Add(-waited)))
+	}
+	close(p.release)
+	waitUntil(t, "every request is decided", func() bool { _, s := p.snapshot(); return len(s) == 4 })
+	if _, served := p.snapshot(); !slices.Equal(served, []string{"deciding", "2", "1", "0"}) {
+		t.Fatalf("decided %v, want the newest first once the oldest waited %s", served, CalloutCongested)
+	}
+	waitUntil(t, "the worker gives its slot up", p.q.idle)
 }
 
 // A request that waited past CalloutQueueWait is not decided (the broker has given up on it);
 // one behind it that has not waited so long is.
 func TestCalloutQueueDropsARequestThatWaitedPastTheBrokersPatience(t *testing.T) {
 	t.Parallel()
-	p := newQueueProbe(1, 8)
+	now := time.Now()
+	p := newQueueProbe(1, 8, stopped(now))
 	close(p.release)
-	p.q.take(request("stale", time.Now().Add(-CalloutQueueWait-time.Millisecond)))
-	p.q.take(request("fresh", time.Now()))
+	p.q.take(request("stale", now.Add(-CalloutQueueWait-time.Millisecond)))
+	p.q.take(request("fresh", now))
 	waitUntil(t, "the fresh request is decided", func() bool { _, s := p.snapshot(); return slices.Contains(s, "fresh") })
-	waitUntil(t, "the worker gives its slot up", func() bool { return len(p.q.inFlight) == 0 })
+	waitUntil(t, "the worker gives its slot up", func() bool { return p.q.idle() })
 	if started, _ := p.snapshot(); !slices.Equal(started, []string{"fresh"}) {
 		t.Fatalf("decided %v, want only the fresh request", started)
 	}
@@ -102,8 +127,8 @@ func TestCalloutQueueDropsARequestThatWaitedPastTheBrokersPatience(t *testing.T)
 // Past the backlog a request is dropped at once, and take says so.
 func TestCalloutQueueDropsPastAFullBacklog(t *testing.T) {
 	t.Parallel()
-	p := newQueueProbe(2, 3)
 	now := time.Now()
+	p := newQueueProbe(2, 3, stopped(now))
 	for i := range 5 {
 		if !p.q.take(request(strconv.Itoa(i), now)) {
 			t.Fatalf("request %d with two slots and a backlog of 3: dropped, want it taken", i)
@@ -114,7 +139,7 @@ func TestCalloutQueueDropsPastAFullBacklog(t *testing.T) {
 	}
 	close(p.release)
 	waitUntil(t, "the five taken are decided", func() bool { _, s := p.snapshot(); return len(s) == 5 })
-	waitUntil(t, "the workers give their slots up", func() bool { return len(p.q.inFlight) == 0 })
+	waitUntil(t, "the workers give their slots up", func() bool { return p.q.idle() })
 	if _, served := p.snapshot(); slices.Contains(served, "sixth") {
 		t.Fatalf("decided %v, want the dropped request not among them", served)
 	}
@@ -126,7 +151,7 @@ func TestCalloutQueueStrandsNoRequestUnderConcurrentTakes(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	q := newCalloutQueue(3, 10_000, func(r calloutRequest) {
+	q := newCalloutQueue(3, 10_000, time.Now, func(r calloutRequest) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[r.m.Subject]++
@@ -142,7 +167,7 @@ func TestCalloutQueueStrandsNoRequestUnderConcurrentTakes(t *testing.T) {
 	}
 	wg.Wait()
 	waitUntil(t, "every request is decided", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == takers*each })
-	waitUntil(t, "the workers give their slots up", func() bool { return len(q.inFlight) == 0 })
+	waitUntil(t, "the workers give their slots up", func() bool { return q.idle() })
 	mu.Lock()
 	defer mu.Unlock()
 	for name, n := range seen {

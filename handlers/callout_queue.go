@@ -1,0 +1,114 @@
+package handlers
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// calloutRequest is a request and when it came.
+type calloutRequest struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// calloutQueue decides requests, at most inFlight at once: each on a goroutine that goes on to
+// a waiting request when it is done and ends when none waits. A request waits in a backlog of
+// at most backlog; one that waited past CalloutQueueWait is dropped unanswered.
+//
+// The backlog is taken oldest first while it drains promptly, and newest first once its oldest
+// request has waited CalloutCongested (adaptive LIFO): in a reconnect storm the broker gives
+// each connection two seconds, so oldest first spends the callout on requests about to time
+// out (their store reads then miss the decision's deadline, and the answer is a refusal that
+// cost a whole decision), and every connection of a wave fails together. Newest first, a
+// decision starts with most of its time ahead, and the requests it leaves behind are dropped
+// unanswered without costing anything.
+type calloutQueue struct {
+	inFlight, backlog int
+	now               func() time.Time
+	serve             func(calloutRequest)
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	busy    int              // workers deciding
+	waiting []calloutRequest // oldest first
+	refused uint64           // requests dropped for a full backlog
+}
+
+func newCalloutQueue(inFlight, backlog int, now func() time.Time, serve func(calloutRequest), log *slog.Logger) *calloutQueue {
+	return &calloutQueue{inFlight: inFlight, backlog: backlog, now: now, serve: serve, log: log}
+}
+
+// take hands r to a free worker, or queues it; a full backlog drops it, and take reports false.
+func (q *calloutQueue) take(r calloutRequest) bool {
+	q.mu.Lock()
+	switch {
+	case q.busy < q.inFlight:
+		q.busy++
+		q.mu.Unlock()
+		go q.work(r)
+		return true
+	case len(q.waiting) < q.backlog:
+		q.waiting = append(q.waiting, r)
+		q.mu.Unlock()
+		return true
+	}
+	q.refused++
+	n := q.refused
+	q.mu.Unlock()
+	if n&(n-1) == 0 { // the 1st, 2nd, 4th, 8th…: a storm does not flood the log
+		q.log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", q.inFlight, "waiting", q.backlog, "dropped", n)
+	}
+	return false
+}
+
+// work decides r and then every request it is handed next, but for one that waited past
+// CalloutQueueWait.
+func (q *calloutQueue) work(r calloutRequest) {
+	for ok := true; ok; r, ok = q.next() {
+		if q.now().Sub(r.at) > CalloutQueueWait {
+			continue
+		}
+		q.serve(r)
+	}
+}
+
+// next hands a worker the request to decide next (see calloutQueue), dropping those that
+// waited past CalloutQueueWait, or gives its slot up and reports false when none waits.
+func (q *calloutQueue) next() (calloutRequest, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	stale := 0
+	for stale < len(q.waiting) && now.Sub(q.waiting[stale].at) > CalloutQueueWait {
+		stale++
+	}
+	if stale > 0 {
+		clear(q.waiting[:stale])
+		q.waiting = q.waiting[stale:]
+		q.log.Debug("auth callout: requests that waited past the broker's patience dropped", "dropped", stale)
+	}
+	if len(q.waiting) == 0 {
+		q.busy--
+		q.waiting = nil
+		return calloutRequest{}, false
+	}
+	var r calloutRequest
+	if last := len(q.waiting) - 1; now.Sub(q.waiting[0].at) >= CalloutCongested {
+		r, q.waiting[last] = q.waiting[last], calloutRequest{}
+		q.waiting = q.waiting[:last]
+	} else {
+		r, q.waiting[0] = q.waiting[0], calloutRequest{}
+		q.waiting = q.waiting[1:]
+	}
+	return r, true
+}
+
+// idle reports whether no worker is deciding and nothing waits.
+func (q *calloutQueue) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy == 0 && len(q.waiting) == 0
+}
