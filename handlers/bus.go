@@ -39,9 +39,10 @@ type Counters struct {
 	Detached *DetachedCounters `json:"detached,omitempty"`
 }
 
-// DetachedCounters are a detached endpoint's answers: how many were sent, how many refused
-// (last_error is the last refusal's number and code, as micro keeps it), the time from each
-// request's hand-off to its answer, and how many are under way.
+// DetachedCounters are a detached endpoint's answers: how many were sent, how many were
+// refusals or not sent (last_error is the last one's number and code, as micro keeps it, or
+// the publish error), the time from each request's hand-off to its answer, and how many are
+// under way. A request answered inline once the services stopped is micro's to count.
 type DetachedCounters struct {
 	Answered       uint64        `json:"answered"`
 	Errors         uint64        `json:"errors"`
@@ -64,7 +65,8 @@ func Stats(e *micro.Endpoint) any {
 }
 
 // Detached are the endpoints whose requests are answered off micro's handler, at most
-// DetachedInFlight at once per Register. micro runs an instance's requests one at a time and
+// DetachedInFlight at once per Register (per serving connection: a replica has two while it
+// renews its serving user). micro runs an instance's requests one at a time and
 // the broker hands each request to a random instance of the queue group, so a request that
 // waits long holds up whichever request comes next to its instance. supervisor-end waits on the
 // revocation set's round (up to a second for the next signing, then the broker's
@@ -161,7 +163,7 @@ func (h *endpoint) Handle(req micro.Request) {
 		return
 	}
 	call := Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}
-	if d := h.detached; d != nil {
+	if d := h.detached; d != nil && !d.isStopped() {
 		select {
 		case d.slots <- struct{}{}:
 			a := d.answerTo(req, &h.answers)

@@ -17,6 +17,8 @@ type detached struct {
 	slots chan struct{}
 	// stopped closes when the services stop: requests delivered after it are answered inline.
 	stopped chan struct{}
+	// drained closes once the stop holds every slot: no detached answer is under way.
+	drained chan struct{}
 	stop    sync.Once
 }
 
@@ -31,23 +33,43 @@ type answers struct {
 }
 
 func newDetached(nc *nats.Conn, inFlight int) *detached {
-	return &detached{nc: nc, slots: make(chan struct{}, inFlight), stopped: make(chan struct{})}
+	return &detached{nc: nc, slots: make(chan struct{}, inFlight), stopped: make(chan struct{}), drained: make(chan struct{})}
 }
 
-// wait takes every slot (so every detached answer under way is sent) until by, and reports
-// whether it did; from its start on, requests are answered inline.
+// wait reports whether every detached answer under way is sent by by (or already was):
+// from the first wait on, requests are answered inline, and the slots are taken as the answers
+// under way finish. A wait repeated, or one whose by has passed, reports the same.
 func (d *detached) wait(by time.Time) bool {
-	d.stop.Do(func() { close(d.stopped) })
+	d.stop.Do(func() {
+		close(d.stopped)
+		held := 0
+		for held < cap(d.slots) && d.tryTake() {
+			held++
+		}
+		if held == cap(d.slots) {
+			close(d.drained)
+			return
+		}
+		go func() {
+			for ; held < cap(d.slots); held++ {
+				d.slots <- struct{}{}
+			}
+			close(d.drained)
+		}()
+	})
+	select {
+	case <-d.drained:
+		return true
+	default:
+	}
 	t := time.NewTimer(time.Until(by))
 	defer t.Stop()
-	for range cap(d.slots) {
-		select {
-		case d.slots <- struct{}{}:
-		case <-t.C:
-			return false
-		}
+	select {
+	case <-d.drained:
+		return true
+	case <-t.C:
+		return false
 	}
-	return true
 }
 
 func (c *answers) counters() *DetachedCounters {
@@ -113,18 +135,40 @@ func (a *answer) send(m *nats.Msg, failed string, opts []micro.RespondOpt) error
 	c := a.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.answered++
 	c.took += time.Since(a.at)
 	switch {
 	case err != nil:
 		c.errors++
 		c.last = err.Error()
 	case failed != "":
+		c.answered++
 		c.errors++
 		c.last = failed
+	default:
+		c.answered++
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %s", micro.ErrRespond, err)
 	}
 	return nil
+}
+
+// tryTake takes a slot if one is free.
+func (d *detached) tryTake() bool {
+	select {
+	case d.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// isStopped reports whether the services stopped.
+func (d *detached) isStopped() bool {
+	select {
+	case <-d.stopped:
+		return true
+	default:
+		return false
+	}
 }
