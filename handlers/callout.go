@@ -35,8 +35,8 @@ const (
 	// seconds for the answer.
 	CalloutDeadline = 1800 * time.Millisecond
 	// CalloutInFlight bounds the decisions under way; past it a request waits in a backlog of
-	// at most CalloutBacklog (past that it is dropped, and the broker refuses that connection
-	// when its wait runs out). See calloutQueue for the order they are taken in.
+	// at most CalloutBacklog (past that the oldest waiting is dropped, and the broker refuses
+	// that connection when its wait runs out). See calloutQueue for the order they are taken in.
 	CalloutInFlight = 256
 	CalloutBacklog  = 8192
 	// CalloutQueueWait is the longest a request waits in the backlog for its decision to start.

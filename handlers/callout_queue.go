@@ -16,7 +16,8 @@ type calloutRequest struct {
 
 // calloutQueue decides requests, at most inFlight at once: each on a goroutine that goes on to
 // a waiting request when it is done and ends when none waits. A request waits in a backlog of
-// at most backlog; one that waited past CalloutQueueWait is dropped unanswered.
+// at most backlog (a full one lets go of its oldest); one that waited past CalloutQueueWait is
+// dropped unanswered.
 //
 // The backlog is taken oldest first while it drains promptly, and newest first once its oldest
 // request has waited CalloutCongested (adaptive LIFO): in a reconnect storm the broker gives
@@ -34,34 +35,54 @@ type calloutQueue struct {
 	mu      sync.Mutex
 	busy    int              // workers deciding
 	waiting []calloutRequest // oldest first
-	refused uint64           // requests dropped for a full backlog
+	refused uint64           // requests dropped for a full backlog in this storm
 }
 
 func newCalloutQueue(inFlight, backlog int, now func() time.Time, serve func(calloutRequest), log *slog.Logger) *calloutQueue {
 	return &calloutQueue{inFlight: inFlight, backlog: backlog, now: now, serve: serve, log: log}
 }
 
-// take hands r to a free worker, or queues it; a full backlog drops it, and take reports false.
-func (q *calloutQueue) take(r calloutRequest) bool {
+// take hands r to a free worker, or queues it. A full backlog first lets go of the requests
+// that waited past CalloutQueueWait, then of the oldest: a new request has the most time ahead.
+func (q *calloutQueue) take(r calloutRequest) {
 	q.mu.Lock()
-	switch {
-	case q.busy < q.inFlight:
+	if q.busy < q.inFlight {
 		q.busy++
 		q.mu.Unlock()
 		go q.work(r)
-		return true
-	case len(q.waiting) < q.backlog:
+		return
+	}
+	var n uint64
+	if len(q.waiting) >= q.backlog {
+		if q.trim(q.now()) == 0 && len(q.waiting) > 0 {
+			q.waiting[0] = calloutRequest{}
+			q.waiting = q.waiting[1:]
+			q.refused++
+			n = q.refused
+		}
+	}
+	if len(q.waiting) < q.backlog {
 		q.waiting = append(q.waiting, r)
-		q.mu.Unlock()
-		return true
 	}
-	q.refused++
-	n := q.refused
 	q.mu.Unlock()
-	if n&(n-1) == 0 { // the 1st, 2nd, 4th, 8th…: a storm does not flood the log
-		q.log.Warn("auth callout busy; a connection attempt is left to time out", "in_flight", q.inFlight, "waiting", q.backlog, "dropped", n)
+	if n&(n-1) == 0 && n > 0 { // the 1st, 2nd, 4th, 8th… of a storm: it does not flood the log
+		q.log.Warn("auth callout busy; the oldest waiting connection attempt is left to time out", "in_flight", q.inFlight, "waiting", q.backlog, "dropped", n)
 	}
-	return false
+}
+
+// trim lets go of the waiting requests that waited past CalloutQueueWait at now (the oldest
+// come first), and returns how many; it holds q.mu.
+func (q *calloutQueue) trim(now time.Time) int {
+	stale := 0
+	for stale < len(q.waiting) && now.Sub(q.waiting[stale].at) > CalloutQueueWait {
+		stale++
+	}
+	if stale > 0 {
+		clear(q.waiting[:stale])
+		q.waiting = q.waiting[stale:]
+		q.log.Debug("auth callout: requests that waited past the broker's patience dropped", "dropped", stale)
+	}
+	return stale
 }
 
 // work decides r and then every request it is handed next, but for one that waited past
@@ -81,18 +102,11 @@ func (q *calloutQueue) next() (calloutRequest, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.now()
-	stale := 0
-	for stale < len(q.waiting) && now.Sub(q.waiting[stale].at) > CalloutQueueWait {
-		stale++
-	}
-	if stale > 0 {
-		clear(q.waiting[:stale])
-		q.waiting = q.waiting[stale:]
-		q.log.Debug("auth callout: requests that waited past the broker's patience dropped", "dropped", stale)
-	}
+	q.trim(now)
 	if len(q.waiting) == 0 {
 		q.busy--
 		q.waiting = nil
+		q.refused = 0 // the storm is over: the next one's drops are logged from the first
 		return calloutRequest{}, false
 	}
 	var r calloutRequest

@@ -75,9 +75,7 @@ func TestCalloutQueueDecidesEveryRequestPastItsSlotsInArrivalOrder(t *testing.T)
 	for i := range 6 {
 		name := strconv.Itoa(i)
 		want = append(want, name)
-		if !p.q.take(request(name, now)) {
-			t.Fatalf("request %d of 6 with one slot and a backlog of 8: dropped, want it queued", i)
-		}
+		p.q.take(request(name, now))
 	}
 	waitUntil(t, "the first request is being decided", func() bool { s, _ := p.snapshot(); return len(s) == 1 })
 	close(p.release)
@@ -124,24 +122,35 @@ func TestCalloutQueueDropsARequestThatWaitedPastTheBrokersPatience(t *testing.T)
 	}
 }
 
-// Past the backlog a request is dropped at once, and take says so.
-func TestCalloutQueueDropsPastAFullBacklog(t *testing.T) {
+// Past a full backlog the oldest waiting request is let go (it has the least time left), and
+// the new one waits; one that waited past CalloutQueueWait goes first.
+func TestCalloutQueueLetsTheOldestGoPastAFullBacklog(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	p := newQueueProbe(2, 3, stopped(now))
 	for i := range 5 {
-		if !p.q.take(request(strconv.Itoa(i), now)) {
-			t.Fatalf("request %d with two slots and a backlog of 3: dropped, want it taken", i)
-		}
+		p.q.take(request(strconv.Itoa(i), now.Add(-time.Duration(5-i)*time.Millisecond)))
 	}
-	if p.q.take(request("sixth", now)) {
-		t.Fatal("a sixth request with two slots busy and a backlog of 3 full: taken, want it dropped")
-	}
+	waitUntil(t, "two requests are being decided", func() bool { s, _ := p.snapshot(); return len(s) == 2 })
+	p.q.take(request("sixth", now))
 	close(p.release)
-	waitUntil(t, "the five taken are decided", func() bool { _, s := p.snapshot(); return len(s) == 5 })
-	waitUntil(t, "the workers give their slots up", func() bool { return p.q.idle() })
-	if _, served := p.snapshot(); slices.Contains(served, "sixth") {
-		t.Fatalf("decided %v, want the dropped request not among them", served)
+	waitUntil(t, "five are decided", func() bool { _, s := p.snapshot(); return len(s) == 5 })
+	waitUntil(t, "the workers give their slots up", p.q.idle)
+	if _, served := p.snapshot(); slices.Contains(served, "2") || !slices.Contains(served, "sixth") {
+		t.Fatalf("decided %v, want the sixth among them and the oldest waiting (2) not", served)
+	}
+
+	q := newQueueProbe(1, 2, stopped(now))
+	q.q.take(request("deciding", now))
+	waitUntil(t, "one request is being decided", func() bool { s, _ := q.snapshot(); return len(s) == 1 })
+	q.q.take(request("stale", now.Add(-CalloutQueueWait-time.Millisecond)))
+	q.q.take(request("waiting", now))
+	q.q.take(request("new", now))
+	close(q.release)
+	waitUntil(t, "three are decided", func() bool { _, s := q.snapshot(); return len(s) == 3 })
+	waitUntil(t, "the worker gives its slot up", q.q.idle)
+	if _, served := q.snapshot(); slices.Contains(served, "stale") || !slices.Contains(served, "waiting") {
+		t.Fatalf("decided %v, want the stale request let go first and the waiting one decided", served)
 	}
 }
 
@@ -151,7 +160,7 @@ func TestCalloutQueueStrandsNoRequestUnderConcurrentTakes(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	q := newCalloutQueue(3, 10_000, time.Now, func(r calloutRequest) {
+	q := newCalloutQueue(3, 10_000, stopped(time.Now()), func(r calloutRequest) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[r.m.Subject]++
