@@ -5,6 +5,7 @@
 package bearer
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ed25519"
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -48,6 +50,8 @@ type keySet struct {
 	Active string   `json:"active"`
 	Keys   []stored `json:"keys"`
 	Nonce  string   `json:"nonce"`
+	// public is each key's public half by kid, decoded with the set; never changed after.
+	public map[string]ed25519.PublicKey
 }
 
 // stored is one key: its private JWK, when it was added, and when it stopped signing.
@@ -63,26 +67,42 @@ type stored struct {
 type Keys struct {
 	set *fence.Fence[keySet]
 	now func() time.Time
-
-	// published is the public half of every key of the set as read at readAt: what Validate
-	// checks bearers with, for PublishedFor.
-	mu        sync.Mutex
-	published map[string]ed25519.PublicKey
-	readAt    time.Time
 }
 
-// PublishedFor is how long Validate checks bearers against the key set it read last, instead
-// of reading it again for every bearer (a leader read and a parse of every private key, a
-// tenth of an auth callout's CPU). A kid it does not know reads the set again at once, so a
-// key another replica rotated in validates its first bearer. A key retired meanwhile can
-// only validate bearers that have expired: a key is retired RetireFloor after it stopped
-// signing, and every bearer it signed expired MaxTTL after that at the latest; any cache
-// shorter than RetireFloor − MaxTTL − Skew (295 s) keeps that margin.
-const PublishedFor = 10 * time.Second
-
-// New returns the key set kept in the keys bucket kv.
+// New returns the key set kept in the keys bucket kv. Validate reads the set for every bearer
+// (a retired key validates nothing from the moment its retirement is stored), and the set's
+// keys are decoded again only when its bytes changed (see parsed).
 func New(kv fence.KV, now func() time.Time) *Keys {
-	return &Keys{now: now, set: fence.New(kv, setKey, parseSet, func(s *keySet) { s.Nonce = ids.Nonce() })}
+	p := &parsed{}
+	return &Keys{now: now, set: fence.New(kv, setKey, p.parse, func(s *keySet) { s.Nonce = ids.Nonce() })}
+}
+
+// parsed is parseSet with its last result kept: decoding a set is a JSON decode, an Ed25519
+// key derivation and a thumbprint per key, a tenth of an auth callout decision's CPU, and the
+// set changes a few times a year. A set read again with the same bytes is the same set.
+type parsed struct {
+	mu   sync.Mutex
+	data []byte
+	set  keySet
+}
+
+// setsDecoded counts the sets parsed decoded (for the tests: one atomic add per change).
+var setsDecoded atomic.Int64
+
+func (p *parsed) parse(data []byte) (keySet, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.data == nil || !bytes.Equal(p.data, data) {
+		setsDecoded.Add(1)
+		s, err := parseSet(data)
+		if err != nil {
+			return keySet{}, err
+		}
+		p.data, p.set = bytes.Clone(data), s
+	}
+	s := p.set
+	s.Keys = slices.Clone(s.Keys) // a caller's update changes its own copy, never the kept set
+	return s, nil
 }
 
 // maxKeySetRow bounds the stored key set: the active key and those retired within the
@@ -97,10 +117,13 @@ func parseSet(data []byte) (keySet, error) {
 	if s.V != 1 || !slices.ContainsFunc(s.Keys, func(k stored) bool { return k.KID == s.Active && k.Stopped == 0 }) {
 		return keySet{}, errors.New("not a version 1 key set with its active key")
 	}
+	s.public = make(map[string]ed25519.PublicKey, len(s.Keys))
 	for _, k := range s.Keys {
-		if _, err := privateKey(k); err != nil {
+		priv, err := privateKey(k)
+		if err != nil {
 			return keySet{}, fmt.Errorf("key %s: %w", k.KID, err)
 		}
+		s.public[k.KID] = priv.Public().(ed25519.PublicKey)
 	}
 	return s, nil
 }
@@ -236,8 +259,7 @@ func (k *Keys) Rotate(ctx context.Context) (string, error) {
 // ErrTooSoon refuses to retire a key that signed less than RetireFloor ago.
 var ErrTooSoon = errors.New("the key stopped signing less than the retire floor ago")
 
-// Retire stops publishing kid: the bearers it signed fail from then on (each of which has
-// expired already: see PublishedFor). The active key is
+// Retire stops publishing kid: the bearers it signed fail from then on. The active key is
 // refused, and so is one that stopped signing less than RetireFloor ago.
 func (k *Keys) Retire(ctx context.Context, kid string) error {
 	now := k.now()

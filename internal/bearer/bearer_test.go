@@ -181,9 +181,9 @@ func (c *countingKV) Get(ctx context.Context, key string) (store.Entry, error) {
 	return c.KV.Get(ctx, key)
 }
 
-// Validate reads the key set once per PublishedFor, not once per bearer: the auth callout
-// validates a bearer on every connection.
-func TestValidateReadsTheKeySetOncePerPublishedFor(t *testing.T) {
+// Validate reads the key set for every bearer, but decodes its keys only when the set's bytes
+// changed: the auth callout validates a bearer on every connection.
+func TestValidateReadsTheKeySetEachTimeAndDecodesItOnce(t *testing.T) {
 	kv := &countingKV{KV: storetest.New()}
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	k := New(kv, c.now)
@@ -198,21 +198,65 @@ func TestValidateReadsTheKeySetOncePerPublishedFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := kv.gets.Load()
+	before, decoded := kv.gets.Load(), setsDecoded.Load()
 	for range 50 {
 		if _, err := k.Validate(ctx(t), "default", token); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := kv.gets.Load() - before; got != 1 {
-		t.Fatalf("50 validations within PublishedFor read the key set %d times, want once", got)
+	if got := kv.gets.Load() - before; got != 50 {
+		t.Fatalf("50 validations read the key set %d times, want 50", got)
 	}
-	c.t = c.t.Add(PublishedFor)
-	if _, err := k.Validate(ctx(t), "default", token); err != nil {
+	if got := setsDecoded.Load() - decoded; got != 0 {
+		t.Fatalf("50 validations of an unchanged set decoded it %d times, want none (Issue decoded it)", got)
+	}
+	decoded = setsDecoded.Load()
+	if _, err := k.Rotate(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if got := kv.gets.Load() - before; got != 2 {
-		t.Fatalf("a validation PublishedFor later: %d reads in all, want a second one", got)
+	for range 10 {
+		if _, err := k.Validate(ctx(t), "default", token); err != nil {
+			t.Fatalf("the previous key's bearer after a rotation: %v", err)
+		}
+	}
+	if got := setsDecoded.Load() - decoded; got != 1 {
+		t.Fatalf("a rotation and 10 validations after it decoded the set %d times, want once (its bytes changed once)", got)
+	}
+}
+
+// A key retired by another process validates nothing from the moment the retirement is
+// stored, though this process validated a bearer of it a moment before.
+func TestARetiredKeyValidatesNothingAtOnceElsewhere(t *testing.T) {
+	kv := storetest.New()
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	here, there := New(kv, c.now), New(kv, c.now)
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := here.Ensure(ctx(t), jose.JSONWebKey{Key: priv}); err != nil {
+		t.Fatal(err)
+	}
+	token, _, err := here.Issue(ctx(t), "default", caller(), MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKid, err := CheckKid(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := there.Rotate(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := here.Validate(ctx(t), "default", token); err != nil {
+		t.Fatalf("a bearer of the previous key before its retirement: %v", err)
+	}
+	later := New(kv, func() time.Time { return c.now().Add(RetireFloor + time.Second) })
+	if err := later.Retire(ctx(t), oldKid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := here.Validate(ctx(t), "default", token); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a bearer of a key retired elsewhere: got %v, want refused at once", err)
 	}
 }
 

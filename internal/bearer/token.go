@@ -138,8 +138,8 @@ type refused struct{ error }
 func (r refused) Is(target error) bool { return target == ErrRefused }
 
 // Validate checks a bearer for space, as the auth callout does: no key headers, EdDSA, a key
-// of the published set by kid (as read within PublishedFor), the exact issuer and audience, iat, nbf and exp present and
-// consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
+// of the published set by kid (read now), the exact issuer and audience, iat, nbf and exp
+// present and consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
 // error that judges the bearer has ErrRefused in its chain; any other is the store's.
 func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error) {
 	kid, err := idp.CheckHeader(token)
@@ -163,35 +163,14 @@ func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error
 // errUnpublished refuses a bearer whose kid the key set does not publish.
 var errUnpublished = errors.New("the bearer's kid is not a published key")
 
-// publicKey returns the public key of kid as the key set published it within PublishedFor,
-// reading the set again when it was read longer ago or does not hold kid.
+// publicKey returns the public key of kid as the key set publishes it now (a leader read).
 func (k *Keys) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
-	now := k.now()
-	k.mu.Lock()
-	pub, ok := k.published[kid]
-	fresh := !now.Before(k.readAt) && now.Sub(k.readAt) < PublishedFor
-	k.mu.Unlock()
-	if ok && fresh {
-		return pub, nil
-	}
 	s, err := k.read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	published := make(map[string]ed25519.PublicKey, len(s.Keys))
-	for _, e := range s.Keys {
-		priv, err := privateKey(e)
-		if err != nil {
-			return nil, err // parseSet checked each key: this is a store fault
-		}
-		published[e.KID] = priv.Public().(ed25519.PublicKey)
-	}
-	k.mu.Lock()
-	if !now.Before(k.readAt) {
-		k.published, k.readAt = published, now
-	}
-	k.mu.Unlock()
-	if pub, ok = published[kid]; !ok {
+	pub, ok := s.public[kid]
+	if !ok {
 		return nil, errUnpublished
 	}
 	return pub, nil
