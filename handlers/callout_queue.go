@@ -119,10 +119,3 @@ func (q *calloutQueue) next() (calloutRequest, bool) {
 	}
 	return r, true
 }
-
-// idle reports whether no worker is deciding and nothing waits.
-func (q *calloutQueue) idle() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.busy == 0 && len(q.waiting) == 0
-}

@@ -185,3 +185,10 @@ func TestCalloutQueueStrandsNoRequestUnderConcurrentTakes(t *testing.T) {
 		}
 	}
 }
+
+// idle reports whether no worker is deciding and nothing waits.
+func (q *calloutQueue) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy == 0 && len(q.waiting) == 0
+}
