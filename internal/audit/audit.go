@@ -277,18 +277,10 @@ func (w *Writer) Refused(ctx context.Context, req Request, refusal *fault.Error)
 	w.record(ctx, Decision{Decision: Refused, Request: req, Code: string(refusal.Code), Message: refusal.Message}, refusal.Cause)
 }
 
-// ownerOf is the owner whose budget a record of caller is charged to: the caller's own, or
-// Anonymous for a caller that is not a principal.
-func ownerOf(caller string) string {
-	if owner, _, ok := subjects.SplitPrincipal(caller); ok {
-		return owner
-	}
-	return Anonymous
-}
-
 // admit takes one full record of decision from owner's budget; false means the record was
-// counted under key instead. A window that ended is handed back to be summarized.
-func (w *Writer) admit(owner, decision, key string) (admitted bool, ended *window) {
+// counted under key instead. An exempt record (one the history must keep) is admitted past the
+// budget and not counted. A window that ended is handed back to be summarized.
+func (w *Writer) admit(owner, decision, key string, exempt bool) (admitted bool, ended *window) {
 	now := w.now()
 	limit := w.PerMinute
 	if limit <= 0 {
@@ -305,6 +297,9 @@ func (w *Writer) admit(owner, decision, key string) (admitted bool, ended *windo
 	}
 	if win.full < limit {
 		win.full++
+		return true, ended
+	}
+	if exempt {
 		return true, ended
 	}
 	win.counts[key]++
@@ -374,18 +369,24 @@ func (w *Writer) summarize(ctx context.Context, k budgetKey, win *window) {
 
 // record writes an audit decision and its log line while the caller's owner is within its
 // budget of the minute for the decision; past it, the decision is counted for the minute's
-// summary instead (by its code, or under its own name). A failed write is logged; the decision
-// itself stands.
+// summary instead (by its code, or under its own name). An end that left keys unrevoked is
+// always written: those keys would be on no other record. A failed write is logged; the
+// decision itself stands.
 func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
-	owner, key := ownerOf(d.Caller), d.Code
+	// A caller that is not a principal is charged, and filed, as Anonymous.
+	owner, actor, ok := subjects.SplitPrincipal(d.Caller)
+	if !ok {
+		owner, actor = Anonymous, "_"
+	}
+	key := d.Code
 	if key == "" {
 		key = d.Decision
 	}
-	admitted, ended := w.admit(owner, d.Decision, key)
+	admitted, ended := w.admit(owner, d.Decision, key, len(d.Unrevoked) > 0)
 	if ended != nil {
 		w.summarize(ctx, budgetKey{owner, d.Decision}, ended)
 	}
-	if !admitted && len(d.Unrevoked) == 0 {
+	if !admitted {
 		if w.Summarized != nil {
 			w.Summarized(d.Decision)
 		}
@@ -426,10 +427,6 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
 		data, err = body.Encode(d)
 	}
 	if err == nil {
-		owner, actor, ok := subjects.SplitPrincipal(d.Caller)
-		if !ok {
-			owner, actor = "_", "_"
-		}
 		err = w.out.Append(ctx, subjects.AuditSubject(w.space, d.Decision, owner, actor), data, "")
 	}
 	if err != nil {

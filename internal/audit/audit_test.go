@@ -200,3 +200,31 @@ func TestRecordsWithoutAPrincipalShareTheAnonymousBudget(t *testing.T) {
 		t.Fatalf("got %d anonymous summaries (%+v), want one counting 2", len(sums), s)
 	}
 }
+
+// An end that left keys unrevoked is written in full past its owner's budget (those keys are on
+// no other record), and, written, it is not also counted in the minute's summary.
+func TestAnEndWithUnrevokedKeysIsWrittenPastTheBudgetAndNotCounted(t *testing.T) {
+	w, out, c := newWriter()
+	w.PerMinute = 2
+	counted := 0
+	w.Summarized = func(string) { counted++ }
+	a := Assignment{Owner: ownerB, State: "ending", Revision: 1}
+	req := Request{Endpoint: "e", Caller: ownerA + ".cli"}
+	for range 3 {
+		w.Ended(context.Background(), req, a, "over", nil, nil)
+	}
+	w.Ended(context.Background(), req, a, "over", []string{"UKEY"}, []string{"UKEY"})
+	if got := len(records(out, Ended, ownerA)); got != 3 {
+		t.Fatalf("got %d full ended records, want the budget of 2 and the end with unrevoked keys", got)
+	}
+	if counted != 1 {
+		t.Fatalf("counted %d ends past the budget, want 1 (the end written in full is not counted)", counted)
+	}
+	c.t = c.t.Add(time.Minute)
+	w.Flush(context.Background())
+	var s Summary
+	sums := records(out, SummaryOf(Ended), ownerA)
+	if len(sums) != 1 || json.Unmarshal(sums[0].Data, &s) != nil || s.Counts[Ended] != 1 {
+		t.Fatalf("got %d summaries (%+v), want one counting the 1 end not written", len(sums), s)
+	}
+}
