@@ -61,9 +61,12 @@ const witnessOpenTimeout = 2 * time.Second
 // waits at most half of what ctx has left (and at most 2 s); a failure is logged and tried
 // again at the next call, and until then owner's run-starts are not witnessed: an admission of
 // one is refused, never granted.
-func (s *Stores) OpenWitness(ctx context.Context, owner string) {
+func (s *Stores) OpenWitness(ctx context.Context, owner string) { s.openWitness(ctx, owner) }
+
+// openWitness is OpenWitness, reporting whether owner's witness stream is open.
+func (s *Stores) openWitness(ctx context.Context, owner string) bool {
 	if s.witness.isOpen(owner) {
-		return
+		return true
 	}
 	wait := witnessOpenTimeout
 	if deadline, ok := ctx.Deadline(); ok {
@@ -74,9 +77,10 @@ func (s *Stores) OpenWitness(ctx context.Context, owner string) {
 	spec := WitnessSpec(s.Space, owner, s.opts)
 	if err := retry(ctx, s.log, func(ctx context.Context) error { return ensureOne(ctx, s.js, spec, s.log) }); err != nil {
 		s.log.Warn("the owner's witness stream is not there yet; its run-starts are not witnessed until it is", "owner", owner, "stream", spec.Config.Name, "err", err)
-		return
+		return false
 	}
 	s.witness.setOpen(owner, true)
+	return true
 }
 
 // Witnessed reports whether the witness holds a run-start published on subject (a leader
@@ -122,7 +126,7 @@ func (s *Stores) OpenEveryWitness(ctx context.Context) (int, error) {
 		if !ok || !subjects.ValidOwner(owner) || s.witness.isOpen(owner) {
 			continue
 		}
-		if s.OpenWitness(ctx, owner); s.witness.isOpen(owner) {
+		if s.openWitness(ctx, owner) {
 			made++
 		}
 	}
@@ -147,36 +151,42 @@ func (s *Stores) openWitnesses(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("remove the shared witness stream %s: %w", shared, err)
 	}
-	var infos []*jetstream.StreamInfo
+	var streams []witnessStream
 	if err := retry(ctx, s.log, func(ctx context.Context) error {
 		var err error
-		infos, err = s.listWitnesses(ctx)
+		streams, err = s.listWitnesses(ctx)
 		return err
 	}); err != nil {
 		return fmt.Errorf("list the witness streams: %w", err)
 	}
 	var problems []error
-	for _, info := range infos {
-		owner := strings.TrimPrefix(info.Config.Name, subjects.WitnessStreamPrefix(s.Space))
-		spec := WitnessSpec(s.Space, owner, s.opts)
-		if err := retry(ctx, s.log, func(ctx context.Context) error { return check(ctx, s.js, spec, info.Config, s.log) }); err != nil {
+	for _, w := range streams {
+		spec := WitnessSpec(s.Space, w.owner, s.opts)
+		if err := retry(ctx, s.log, func(ctx context.Context) error { return check(ctx, s.js, spec, w.info.Config, s.log) }); err != nil {
 			problems = append(problems, err)
 			continue
 		}
-		s.witness.setOpen(owner, true)
+		s.witness.setOpen(w.owner, true)
 	}
 	return errors.Join(problems...)
 }
 
-// listWitnesses reads every owner's witness stream of the space: its configuration and state.
-func (s *Stores) listWitnesses(ctx context.Context) ([]*jetstream.StreamInfo, error) {
+// witnessStream is one owner's witness stream as listed: whose it is, its configuration and
+// state.
+type witnessStream struct {
+	owner string
+	info  *jetstream.StreamInfo
+}
+
+// listWitnesses reads every owner's witness stream of the space.
+func (s *Stores) listWitnesses(ctx context.Context) ([]witnessStream, error) {
 	prefix := subjects.WitnessStreamPrefix(s.Space)
 	l := s.js.ListStreams(ctx, jetstream.WithStreamListSubject("cotal."+s.Space+".ep.v1.>"))
-	var out []*jetstream.StreamInfo
+	var out []witnessStream
 	for info := range l.Info() {
 		owner, ok := strings.CutPrefix(info.Config.Name, prefix)
 		if ok && subjects.ValidOwner(owner) {
-			out = append(out, info)
+			out = append(out, witnessStream{owner, info})
 		}
 	}
 	if err := l.Err(); err != nil {
@@ -193,7 +203,7 @@ func (s *Stores) listWitnesses(ctx context.Context) ([]*jetstream.StreamInfo, er
 // bound, exact to within the run-starts of one sampling interval; sample well within the age.
 // Each owner whose run-starts were pushed out since the last sample is named in one log line.
 func (s *Stores) SampleWitnesses(ctx context.Context, now time.Time) error {
-	infos, err := s.listWitnesses(ctx)
+	streams, err := s.listWitnesses(ctx)
 	if err != nil {
 		return fmt.Errorf("sample the witness streams: %w", err)
 	}
@@ -203,18 +213,19 @@ func (s *Stores) SampleWitnesses(ctx context.Context, now time.Time) error {
 	if w.watches == nil {
 		w.watches = map[string]*witnessWatch{}
 	}
-	for _, info := range infos {
+	for _, ws := range streams {
+		info := ws.info
 		watch := w.watches[info.Config.Name]
 		if watch == nil {
 			watch = &witnessWatch{}
 			w.watches[info.Config.Name] = watch
 		}
 		if n := watch.observe(now, info.State.FirstSeq, info.State.LastSeq, info.Config.MaxAge); n > 0 {
-			pushed[strings.TrimPrefix(info.Config.Name, subjects.WitnessStreamPrefix(s.Space))] = n
+			pushed[ws.owner] = n
 			w.evicted.Add(n)
 		}
 	}
-	w.owners.Store(int64(len(infos)))
+	w.owners.Store(int64(len(streams)))
 	w.mu.Unlock()
 	for owner, n := range pushed {
 		s.log.Warn("run-starts pushed out of their owner's witness by its own newer ones: past --witness-runs or --witness-bytes", "owner", owner, "run_starts", n)
