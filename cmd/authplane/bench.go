@@ -20,6 +20,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/bench"
+	"github.com/cotal-ai/authplane/internal/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -170,11 +171,12 @@ func intList(s string) ([]int, error) {
 	return out, nil
 }
 
-// flagSet reports whether the command line set flag name.
+// flagSet reports whether the command line or the environment set flag name.
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
+	_, fromEnv := os.LookupEnv(envflag.EnvName(envPrefix, name)) // parse sets those beside the flag package
+	return set || fromEnv
 }
 
 // measure runs the bench against a started plane.

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 	"unicode"
 
+	"github.com/cotal-ai/authplane/internal/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -106,5 +108,34 @@ func TestDurationsLogTheSameInTextAndJSON(t *testing.T) {
 		if strings.Contains(buf.String(), "10000000000") {
 			t.Errorf("%s log: got %q, want no nanoseconds", format, buf.String())
 		}
+	}
+}
+
+// A flag given in the environment counts as given, as one on the command line does: bench's
+// --cluster picks the replicas only when neither says them.
+func TestAFlagFromTheEnvironmentCountsAsGiven(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		args []string
+		want bool
+	}{
+		{"neither", "", nil, false},
+		{"the command line", "", []string{"--replicas", "1"}, true},
+		{"the environment", "1", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv(envflag.EnvName(envPrefix, "replicas"), tc.env)
+			}
+			fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+			fs.Int("replicas", 3, "")
+			if err := parse(fs, tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if got := flagSet(fs, "replicas"); got != tc.want {
+				t.Fatalf("flagSet: got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
