@@ -50,8 +50,8 @@ type keySet struct {
 	Active string   `json:"active"`
 	Keys   []stored `json:"keys"`
 	Nonce  string   `json:"nonce"`
-	// public is each key's public half by kid, decoded with the set; never changed after.
-	public map[string]ed25519.PublicKey
+	// private is each key by kid, decoded with the set; never changed after.
+	private map[string]ed25519.PrivateKey
 }
 
 // stored is one key: its private JWK, when it was added, and when it stopped signing.
@@ -100,9 +100,8 @@ func (p *parsed) parse(data []byte) (keySet, error) {
 		}
 		p.data, p.set = bytes.Clone(data), s
 	}
-	s := p.set
-	s.Keys = slices.Clone(s.Keys) // a caller's update changes its own copy, never the kept set
-	return s, nil
+	// The set is shared: a caller that changes its keys clones them first (Rotate, Retire).
+	return p.set, nil
 }
 
 // maxKeySetRow bounds the stored key set: the active key and those retired within the
@@ -117,13 +116,13 @@ func parseSet(data []byte) (keySet, error) {
 	if s.V != 1 || !slices.ContainsFunc(s.Keys, func(k stored) bool { return k.KID == s.Active && k.Stopped == 0 }) {
 		return keySet{}, errors.New("not a version 1 key set with its active key")
 	}
-	s.public = make(map[string]ed25519.PublicKey, len(s.Keys))
+	s.private = make(map[string]ed25519.PrivateKey, len(s.Keys))
 	for _, k := range s.Keys {
 		priv, err := privateKey(k)
 		if err != nil {
 			return keySet{}, fmt.Errorf("key %s: %w", k.KID, err)
 		}
-		s.public[k.KID] = priv.Public().(ed25519.PublicKey)
+		s.private[k.KID] = priv
 	}
 	return s, nil
 }
@@ -209,11 +208,7 @@ func (k *Keys) JWKS(ctx context.Context) ([]byte, string, error) {
 	}
 	set := jose.JSONWebKeySet{}
 	for _, e := range s.Keys {
-		priv, err := privateKey(e)
-		if err != nil {
-			return nil, "", err
-		}
-		set.Keys = append(set.Keys, jose.JSONWebKey{Key: priv.Public(), KeyID: e.KID, Algorithm: string(jose.EdDSA), Use: "sig"})
+		set.Keys = append(set.Keys, jose.JSONWebKey{Key: s.private[e.KID].Public(), KeyID: e.KID, Algorithm: string(jose.EdDSA), Use: "sig"})
 	}
 	doc, err := json.Marshal(set)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -75,11 +74,7 @@ func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Durat
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	i := slices.IndexFunc(s.Keys, func(e stored) bool { return e.KID == s.Active })
-	priv, err := privateKey(s.Keys[i])
-	if err != nil {
-		return "", time.Time{}, err
-	}
+	priv := s.private[s.Active]
 	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: priv}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", s.Active))
 	if err != nil {
 		return "", time.Time{}, err
@@ -169,11 +164,11 @@ func (k *Keys) publicKey(ctx context.Context, kid string) (ed25519.PublicKey, er
 	if err != nil {
 		return nil, err
 	}
-	pub, ok := s.public[kid]
+	priv, ok := s.private[kid]
 	if !ok {
 		return nil, errUnpublished
 	}
-	return pub, nil
+	return priv.Public().(ed25519.PublicKey), nil
 }
 
 // judge checks a bearer against the public key its kid names.
