@@ -189,7 +189,7 @@ func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCre
 	if err != nil {
 		return err
 	}
-	w := audit.New(m.Space, jsAppender{js}, slog.New(slog.DiscardHandler), time.Now)
+	w := audit.New(m.Space, store.Appender{JS: js}, slog.New(slog.DiscardHandler), time.Now)
 	req := audit.Request{Endpoint: EndpointCreds, Caller: c.Name, Kind: string(c.Role)}
 	cred := audit.Credential{Duty: string(c.Role), NKey: c.NKey, Exp: c.Exp.Unix()}
 	// A caller's key belongs to no manager instance: its record is filed under none
@@ -199,20 +199,6 @@ func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCre
 			return fmt.Errorf("%w: no minted stream on %s: start the plane against this broker once first", err, broker.RedactURL(natsURL))
 		}
 		return err
-	}
-	return nil
-}
-
-// jsAppender appends records to a stream over JetStream.
-type jsAppender struct{ js jetstream.JetStream }
-
-func (a jsAppender) Append(ctx context.Context, subject string, data []byte, msgID string) error {
-	var opts []jetstream.PublishOpt
-	if msgID != "" {
-		opts = append(opts, jetstream.WithMsgID(msgID))
-	}
-	if _, err := a.js.Publish(ctx, subject, data, opts...); err != nil {
-		return fmt.Errorf("append %s: %w", subject, store.Classify(err))
 	}
 	return nil
 }

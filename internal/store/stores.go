@@ -93,11 +93,20 @@ func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog
 // append with the same id is acknowledged without a second record. A full stream is ErrFull; a
 // lost ack is ErrUnknownOutcome.
 func (s *Stores) Append(ctx context.Context, subject string, data []byte, msgID string) error {
+	return Appender{s.js}.Append(ctx, subject, data, msgID)
+}
+
+// Appender appends records over a JetStream context of its own, as Stores.Append does: for a
+// command that writes records without opening the stores.
+type Appender struct{ JS jetstream.JetStream }
+
+// Append is Stores.Append.
+func (a Appender) Append(ctx context.Context, subject string, data []byte, msgID string) error {
 	var opts []jetstream.PublishOpt
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
-	if _, err := s.js.Publish(ctx, subject, data, opts...); err != nil {
+	if _, err := a.JS.Publish(ctx, subject, data, opts...); err != nil {
 		return fmt.Errorf("append %s: %w", subject, Classify(err))
 	}
 	return nil
