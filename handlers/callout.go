@@ -107,15 +107,10 @@ func (c *Callout) serve(r calloutRequest) {
 	}
 }
 
-// Decide opens a sealed request and returns the signed answer, unsealed, and the server's curve
-// key to seal it for; ok is false when the request gets no answer at all: no curve key, a seal
-// that does not open, claims that are not a server's signed request, or a server key that
-// differs from the one it sealed with.
-func (c *Callout) Decide(serverXKey string, sealed []byte) (answer []byte, xkey string, ok bool) {
-	return c.decide(time.Now().Add(CalloutDeadline), serverXKey, sealed)
-}
-
-// decide is Decide for a decision due by deadline.
+// decide opens a sealed request and returns the signed answer, due by deadline, unsealed, and
+// the server's curve key to seal it for; ok is false when the request gets no answer at all: no
+// curve key, a seal that does not open, claims that are not a server's signed request, or a
+// server key that differs from the one it sealed with.
 func (c *Callout) decide(deadline time.Time, serverXKey string, sealed []byte) (answer []byte, xkey string, ok bool) {
 	if serverXKey == "" {
 		c.Log.Debug("auth callout: a request without the server's curve key dropped")

@@ -103,7 +103,7 @@ func TestTheCalloutAnswersNothingButTheServersSealedRequest(t *testing.T) {
 		{"a signed curve key other than the sealing one", e.serverXP, e.request(t, e.server, otherXP, "")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if answer, _, ok := e.c.Decide(tt.header, tt.data); ok || answer != nil {
+			if answer, _, ok := e.c.decide(time.Now().Add(CalloutDeadline), tt.header, tt.data); ok || answer != nil {
 				t.Fatalf("got an answer %q, want none", answer)
 			}
 		})
@@ -118,7 +118,7 @@ func TestTheCalloutAnswersNothingButTheServersSealedRequest(t *testing.T) {
 func TestTheCalloutRefusesAConnectionWithoutABearer(t *testing.T) {
 	t.Parallel()
 	e := newCalloutEnv(t)
-	answer, xkey, ok := e.c.Decide(e.serverXP, e.request(t, e.server, e.serverXP, ""))
+	answer, xkey, ok := e.c.decide(time.Now().Add(CalloutDeadline), e.serverXP, e.request(t, e.server, e.serverXP, ""))
 	if !ok || xkey != e.serverXP {
 		t.Fatalf("got ok %v, seal for %q; want an answer sealed for the server's curve key", ok, xkey)
 	}
