@@ -213,29 +213,14 @@ func (a Account) ListConnections(ctx context.Context, n int) ([]Connection, map[
 // CalloutConnections lists the connections the auth callout authorized as principal on the
 // cluster's n servers, and fails unless all of them answered before ctx ended.
 func (a Account) CalloutConnections(ctx context.Context, principal string, n int) ([]Connection, error) {
-	req, err := json.Marshal(map[string]any{"user": principal, "auth": true, "limit": listPage})
-	if err != nil {
-		return nil, err
-	}
-	replies, err := gather(ctx, a.NC, subjects.AccountConnz(a.Public), req, n)
+	all, err := a.connz(ctx, principal, n)
 	if err != nil {
 		return nil, fmt.Errorf("list the connections of %s: %w", principal, err)
 	}
 	var conns []Connection
-	for _, r := range replies {
-		var resp struct {
-			Data *struct {
-				ID    string       `json:"server_id"`
-				Conns []clientInfo `json:"connections"`
-			} `json:"data"`
-		}
-		if err := json.Unmarshal(r, &resp); err != nil || resp.Data == nil {
-			return nil, fmt.Errorf("list the connections of %s: answer %q", principal, r)
-		}
-		for _, c := range resp.Data.Conns {
-			if conn, ok := c.connection(resp.Data.ID); ok && conn.Callout && conn.Principal == principal {
-				conns = append(conns, conn)
-			}
+	for _, c := range all {
+		if conn, ok := c.connection(c.server); ok && conn.Callout && conn.Principal == principal {
+			conns = append(conns, conn)
 		}
 	}
 	return conns, nil

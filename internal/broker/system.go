@@ -47,39 +47,56 @@ func (a Account) Lookup(ctx context.Context, n int) ([]string, error) {
 // Connections counts the account's open connections authenticated as user nkey on the
 // cluster's n servers, and fails unless all of them answered before ctx ended.
 func (a Account) Connections(ctx context.Context, nkey string, n int) (int, error) {
-	req, err := json.Marshal(map[string]any{"user": nkey, "auth": true, "limit": 1024})
-	if err != nil {
-		return 0, err
-	}
-	replies, err := gather(ctx, a.NC, subjects.AccountConnz(a.Public), req, n)
+	listed, err := a.connz(ctx, nkey, n)
 	if err != nil {
 		return 0, fmt.Errorf("list the connections of account %s: %w", a.Public, err)
 	}
 	total := 0
+	for _, c := range listed {
+		if authenticatedAs(c.JWT, nkey) {
+			total++
+		}
+	}
+	return total, nil
+}
+
+// listed is a connection as a server's listing shows it, and that server's id.
+type listed struct {
+	server string
+	clientInfo
+}
+
+// connz lists the account's connections whose listed user is user (the name the servers'
+// listing filters on, at most a page of them per server) on the cluster's n servers, and
+// fails unless all of them answered before ctx ended.
+func (a Account) connz(ctx context.Context, user string, n int) ([]listed, error) {
+	req, err := json.Marshal(map[string]any{"user": user, "auth": true, "limit": listPage})
+	if err != nil {
+		return nil, err
+	}
+	replies, err := gather(ctx, a.NC, subjects.AccountConnz(a.Public), req, n)
+	if err != nil {
+		return nil, err
+	}
+	var out []listed
 	for _, r := range replies {
 		var resp struct {
 			Data *struct {
-				Conns []struct {
-					JWT string `json:"jwt"`
-				} `json:"connections"`
+				ID    string       `json:"server_id"`
+				Conns []clientInfo `json:"connections"`
 			} `json:"data"`
 			Error *struct {
 				Description string `json:"description"`
 			} `json:"error"`
 		}
-		if err := json.Unmarshal(r, &resp); err != nil {
-			return 0, fmt.Errorf("list the connections of account %s: answer %q: %w", a.Public, r, err)
-		}
-		if resp.Error != nil || resp.Data == nil {
-			return 0, fmt.Errorf("list the connections of account %s: %s", a.Public, r)
+		if err := json.Unmarshal(r, &resp); err != nil || resp.Error != nil || resp.Data == nil {
+			return nil, fmt.Errorf("answer %q", r)
 		}
 		for _, c := range resp.Data.Conns {
-			if authenticatedAs(c.JWT, nkey) {
-				total++
-			}
+			out = append(out, listed{resp.Data.ID, c})
 		}
 	}
-	return total, nil
+	return out, nil
 }
 
 // authenticatedAs reports whether a connection that presented the user JWT token (as the
