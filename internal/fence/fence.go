@@ -268,3 +268,22 @@ func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, err
 		}
 	}
 }
+
+// UpdateFrom is Update that decides first on known, an observation the caller already holds
+// (nil: none), and writes at its revision: when no one wrote since, that saves the read. A row
+// that moved since is read again, as Update reads it.
+func (f *Fence[T]) UpdateFrom(ctx context.Context, known *Observed[T], decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
+	if known != nil {
+		next, err := decide(known)
+		switch {
+		case errors.Is(err, ErrKeep):
+			return known, nil
+		case err != nil:
+			return nil, err
+		}
+		if n, err := known.Write(ctx, next); !errors.Is(err, ErrMoved) {
+			return n, err
+		}
+	}
+	return f.Update(ctx, decide)
+}

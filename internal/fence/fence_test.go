@@ -351,3 +351,28 @@ func TestWriteStampsEveryRowAndNeverWritesOneThatDoesNotParse(t *testing.T) {
 		t.Fatal("a row that does not parse was written")
 	}
 }
+
+// UpdateFrom decides on the observation it is handed and writes at its revision; when another
+// writer moved the row since, it decides again on the row as read, and the write lands on that.
+func TestUpdateFromDecidesOnWhatItHoldsAndRereadsARowThatMoved(t *testing.T) {
+	kv, f, o := setup(t, fresh("open", 1))
+	var seen []int
+	bump := func(cur *fence.Observed[row]) (row, error) {
+		seen = append(seen, cur.Row.Epoch)
+		return fresh("open", cur.Row.Epoch+1), nil
+	}
+	o2, err := f.UpdateFrom(ctx(t), o, bump)
+	if err != nil || o2.Row.Epoch != 2 || fmt.Sprint(seen) != "[1]" {
+		t.Fatalf("on an unmoved row: got %+v, %v, decided on %v; want epoch 2, decided once on 1", o2, err, seen)
+	}
+	put(t, kv, fresh("open", 7)) // another writer
+	seen = nil
+	o3, err := f.UpdateFrom(ctx(t), o2, bump)
+	if err != nil || o3.Row.Epoch != 8 || fmt.Sprint(seen) != "[2 7]" {
+		t.Fatalf("on a row that moved: got %+v, %v, decided on %v; want epoch 8, decided on 2 then 7", o3, err, seen)
+	}
+	seen = nil
+	if o4, err := f.UpdateFrom(ctx(t), nil, bump); err != nil || o4.Row.Epoch != 9 || fmt.Sprint(seen) != "[8]" {
+		t.Fatalf("with nothing held: got %+v, %v, decided on %v; want epoch 9 from a read of 8", o4, err, seen)
+	}
+}

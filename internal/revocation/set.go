@@ -490,10 +490,7 @@ func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bo
 	}
 	// The row as this plane last wrote or read it is tried first, at its revision: when no
 	// other replica wrote since, that saves the read. A row that moved is read again.
-	o, err := s.decideOn(ctx, known, decide)
-	if errors.Is(err, fence.ErrMoved) || known == nil {
-		o, err = s.fence().Update(ctx, decide)
-	}
+	o, err := s.fence().UpdateFrom(ctx, known, decide)
 	switch {
 	case errors.Is(err, errTooSoon):
 		return seen, "", err
@@ -508,22 +505,6 @@ func (s *Set) addAndSign(ctx context.Context, ws []*waiter, last int64, force bo
 	}
 	s.learn(o, fresh, full)
 	return o, token, nil
-}
-
-// decideOn applies decide to the observation known (nil: ErrMoved, to read afresh) and writes
-// what it decides at known's revision: ErrKeep returns known as it is.
-func (s *Set) decideOn(ctx context.Context, known *fence.Observed[row], decide func(*fence.Observed[row]) (row, error)) (*fence.Observed[row], error) {
-	if known == nil {
-		return nil, fence.ErrMoved
-	}
-	next, err := decide(known)
-	switch {
-	case errors.Is(err, fence.ErrKeep):
-		return known, nil
-	case err != nil:
-		return nil, err
-	}
-	return known.Write(ctx, next)
 }
 
 // add puts the keys of fresh on the set without signing (a plane without the operator signing
