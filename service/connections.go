@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/conns"
 )
@@ -24,7 +22,7 @@ const kickQueue = 4096
 // the plane's system user: it counts them from every server's connect and disconnect events,
 // lists them once before the plane serves (kicking what is past a budget before the serving
 // user needs its slot) and every ReconcileEvery after, and kicks what the ledger says.
-func (p *Plane) watchConnections(ctx context.Context, system *nats.Conn) error {
+func (p *Plane) watchConnections(ctx context.Context) error {
 	cfg := p.cfg
 	p.conns = conns.New(conns.Budgets{
 		PerPrincipal: int(cfg.MaxConnectionsPerPrincipal),
@@ -32,7 +30,7 @@ func (p *Plane) watchConnections(ctx context.Context, system *nats.Conn) error {
 		Reserved:     int(cfg.ReservedConnections),
 	}, cfg.Now)
 	p.metrics.Connections(func() (int, int) { c := p.conns.Counts(); return c.Tenants, c.Plane })
-	acct := broker.Account{NC: system, Public: p.keys.Data.Public()}
+	acct := p.dataAccount
 	queue := make(chan conns.Kick, kickQueue)
 	enqueue := func(kicks []conns.Kick) {
 		for _, k := range kicks {

@@ -81,9 +81,10 @@ type Plane struct {
 	opened atomic.Pointer[store.Stores]
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *revocation.Set
-	// system is the system user's connection; conns the data account's connections held to
-	// their budgets through it, relisted when relist is signalled (its reconnection).
-	system      *nats.Conn
+	// dataAccount is the data account reached through the system user's connection; conns
+	// the account's connections held to their budgets through it, relisted when relist is
+	// signalled (its reconnection).
+	dataAccount broker.Account
 	conns       *conns.Ledger
 	relist      chan struct{}
 	overReserve atomic.Bool
@@ -233,7 +234,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if err := p.applyAccountPolicy(openCtx); err != nil {
 		return nil, err
 	}
-	if err := p.watchConnections(openCtx, p.system); err != nil {
+	if err := p.watchConnections(openCtx); err != nil {
 		return nil, err
 	}
 	if err := p.serveAuditors(planeIssuer); err != nil {
@@ -305,12 +306,12 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	sign := func(revoked map[string]int64) (string, int64, error) {
 		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
 	}
-	p.system = system
+	p.dataAccount = broker.Account{NC: system, Public: p.keys.Data.Public()}
 	p.revocations = &revocation.Set{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
 		Sign:    sign,
-		Broker:  broker.Account{NC: system, Public: p.keys.Data.Public()},
+		Broker:  p.dataAccount,
 		Now:     p.cfg.Now,
 	}
 	if p.keys.OperatorSigner == nil {
