@@ -99,25 +99,11 @@ func connect(ctx context.Context, t Target, owner, actor string, scope ...string
 	if _, err := admin.Grant(gctx, t.Keys, t.NATSURL, owner, actor, scope); err != nil {
 		return nil, fmt.Errorf("grant %s.%s: %w", owner, actor, err)
 	}
-	o := admin.DefaultCreds()
-	o.Owner, o.Actor, o.TTL = owner, actor, 2*time.Hour
-	creds, err := admin.Creds(t.Keys, o, time.Now())
+	token, seed, err := callerCreds(t, owner, actor)
 	if err != nil {
 		return nil, err
 	}
-	token, err := jwt.ParseDecoratedJWT(creds)
-	if err != nil {
-		return nil, err
-	}
-	kp, err := jwt.ParseDecoratedUserNKey(creds)
-	if err != nil {
-		return nil, err
-	}
-	seed, err := kp.Seed()
-	if err != nil {
-		return nil, err
-	}
-	cli, err := client.Connect(t.NATSURL, t.Keys.Space, owner, actor, nats.UserJWTAndSeed(token, string(seed)))
+	cli, err := client.Connect(t.NATSURL, t.Keys.Space, owner, actor, nats.UserJWTAndSeed(token, seed))
 	if err != nil {
 		return nil, err
 	}
@@ -164,4 +150,29 @@ func ownerWith(prefix string) string {
 		panic("bench: crypto/rand failed: " + err.Error())
 	}
 	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+// callerCreds is a caller credential of owner.actor for two hours, as `authplane creds` mints
+// one: its user JWT and seed.
+func callerCreds(t Target, owner, actor string) (token, seed string, err error) {
+	o := admin.DefaultCreds()
+	o.Owner, o.Actor, o.TTL = owner, actor, 2*time.Hour
+	creds, err := admin.Creds(t.Keys, o, time.Now())
+	if err != nil {
+		return "", "", err
+	}
+	return decodeCreds(creds)
+}
+
+// decodeCreds reads the user JWT and the seed of a `.creds` file.
+func decodeCreds(creds []byte) (token, seed string, err error) {
+	if token, err = jwt.ParseDecoratedJWT(creds); err != nil {
+		return "", "", err
+	}
+	kp, err := jwt.ParseDecoratedUserNKey(creds)
+	if err != nil {
+		return "", "", err
+	}
+	s, err := kp.Seed()
+	return token, string(s), err
 }

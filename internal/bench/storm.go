@@ -13,9 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -97,15 +95,7 @@ func runStorms(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 	if err != nil {
 		return nil, err
 	}
-	sentinelJWT, err := jwt.ParseDecoratedJWT(sentinel)
-	if err != nil {
-		return nil, err
-	}
-	sentinelKey, err := jwt.ParseDecoratedUserNKey(sentinel)
-	if err != nil {
-		return nil, err
-	}
-	sentinelSeed, err := sentinelKey.Seed()
+	sentinelJWT, sentinelSeed, err := decodeCreds(sentinel)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +125,7 @@ func runStorms(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 				case ViaCeiling:
 					return []nats.Option{nats.UserJWTAndSeed(ceiling.sentinelJWT, ceiling.sentinelSeed), nats.Token(p.bearer)}
 				case ViaCallout:
-					return []nats.Option{nats.UserJWTAndSeed(sentinelJWT, string(sentinelSeed)), nats.Token(p.bearer)}
+					return []nats.Option{nats.UserJWTAndSeed(sentinelJWT, sentinelSeed), nats.Token(p.bearer)}
 				default:
 					return jwtOptions(ps)(i)
 				}
@@ -207,10 +197,6 @@ func stormPrincipals(ctx context.Context, t Target, s *side, n int) ([]stormPrin
 		return nil, err
 	}
 	bearers := bearer.New(keysKV, time.Now)
-	data, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
-	if err != nil {
-		return nil, err
-	}
 	scope := []string{ledger.Supervise}
 	ps := make([]stormPrincipal, n)
 	errs := make([]error, n)
@@ -232,7 +218,7 @@ func stormPrincipals(ctx context.Context, t Target, s *side, n int) ([]stormPrin
 				errs[i] = fmt.Errorf("a bearer for %s.%s: %w", p.owner, stormActor, err)
 				return
 			}
-			p.jwt, p.seed, errs[i] = callerUser(data, t.Keys.Space, p.owner, stormActor)
+			p.jwt, p.seed, errs[i] = callerCreds(t, p.owner, stormActor)
 			ps[i] = p
 		})
 	}
@@ -243,29 +229,6 @@ func stormPrincipals(ctx context.Context, t Target, s *side, n int) ([]stormPrin
 // jwtOptions connects principal i of ps with its own user JWT.
 func jwtOptions(ps []stormPrincipal) func(i int) []nats.Option {
 	return func(i int) []nats.Option { return []nats.Option{nats.UserJWTAndSeed(ps[i].jwt, ps[i].seed)} }
-}
-
-// callerUser signs a caller user of the data account for owner.actor with a fresh key, as
-// `authplane creds` does, and returns its JWT and seed.
-func callerUser(data *mint.Issuer, space, owner, actor string) (token, seed string, err error) {
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		return "", "", err
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		return "", "", err
-	}
-	s, err := kp.Seed()
-	if err != nil {
-		return "", "", err
-	}
-	_, perms, err := subjects.PermissionsOf(subjects.DutyCaller, subjects.Holder{Space: space, Owner: owner, Actor: actor})
-	if err != nil {
-		return "", "", err
-	}
-	token, err = data.Sign(mint.User{Name: subjects.Principal(owner, actor), Key: pub, Permissions: perms, Expires: time.Now().Add(2 * time.Hour), Limits: mint.DefaultLimits})
-	return token, string(s), err
 }
 
 // storm connects every principal of ps at once, each with opts(i) and its own inbox prefix,
