@@ -16,24 +16,15 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// storedAssignment is what the invariants read of a stored assignment.
-type storedAssignment struct {
-	Owner        string `json:"owner"`
-	InstanceID   string `json:"instanceId"`
-	LifecycleUID string `json:"lifecycleUid"`
-	State        string `json:"state"`
-	ExpiresAt    int64  `json:"expiresAt"`
-}
-
 // assignmentRow is owner's assignment as stored now.
-func (w *world) assignmentRow(owner string) (storedAssignment, bool) {
+func (w *world) assignmentRow(owner string) (supervisor.Assignment, bool) {
 	e, err := w.platform.KV.Get(context.Background(), subjects.AssignmentKey(owner))
 	if err != nil {
-		return storedAssignment{}, false
+		return supervisor.Assignment{}, false
 	}
-	var a storedAssignment
+	var a supervisor.Assignment
 	if json.Unmarshal(e.Value, &a) != nil {
-		return storedAssignment{}, false
+		return supervisor.Assignment{}, false
 	}
 	return a, true
 }
@@ -317,9 +308,9 @@ func (w *world) check(t failer, when int) {
 	type lc struct{ owner, iid, uid string }
 	ended := map[lc]bool{}
 	for _, o := range owners {
-		var prev *storedAssignment
+		var prev *supervisor.Assignment
 		for _, wr := range w.platform.history(subjects.AssignmentKey(o)) {
-			var a storedAssignment
+			var a supervisor.Assignment
 			if err := json.Unmarshal(wr.value, &a); err != nil {
 				fail("assignments: the row of %s at %d does not decode: %v", o, wr.rev, err)
 				break

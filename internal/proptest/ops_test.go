@@ -3,6 +3,7 @@ package proptest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -462,21 +463,12 @@ func (w *world) attempt(pl, si, ri, keys int, own bool, victim, pick int, stale 
 	rn.epoch, rn.token = max(rn.epoch, rm.Hold.Epoch), max(rn.token, rm.Hold.FencingToken)
 	if s.m.InstanceID == m.InstanceID {
 		for _, k := range []string{driver, mediator} {
-			if !contains(s.runKeys, k) {
+			if !slices.Contains(s.runKeys, k) {
 				s.runKeys = append(s.runKeys, k)
 			}
 		}
 	}
 	w.mu.Unlock()
-}
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // drawAssign draws an assignment of a slot's instance, for its lifecycle or a new one.
@@ -634,12 +626,7 @@ func (w *world) endOnce(pl int, lc *lifecycle, crash int) int {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	i := -1
-	for j, p := range w.pending {
-		if p == lc {
-			i = j
-		}
-	}
+	i := slices.Index(w.pending, lc)
 	switch {
 	case outcome == endPending && i < 0:
 		w.pending = append(w.pending, lc)
