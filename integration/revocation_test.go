@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -277,5 +278,58 @@ func TestTheRevocationSetsCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 	}
 	if size, err := push(capacity * 101 / 100); err == nil || size <= maxPayload {
 		t.Fatalf("the account JWT 1%% past the capacity (%d bytes): %v, want it over the broker's %d bytes and refused", size, err, maxPayload)
+	}
+}
+
+// TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent: the broker's connection listing
+// filters on the user name a client sends beside its JWT, so an end waiting for a revoked key's
+// connections to go must not ask it by name. A connection that sent another user's key as its
+// name, one that sent any name and one that sent none are each counted as the key their JWT
+// is for, and only as that.
+func TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newUser := func() (nkeys.KeyPair, string) {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		return kp, pub
+	}
+	connect := func(kp nkeys.KeyPair, sent string) {
+		t.Helper()
+		auth, err := iss.ConnectAs(kp, "u_aaaaaaaaaaaaaaaaaaaaaaaaaa.evicted", subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(p.NATSURL(), auth, nats.UserInfo(sent, ""), nats.MaxReconnects(0))
+		if err != nil {
+			t.Fatalf("connect with user name %q beside the JWT: %v", sent, err)
+		}
+		t.Cleanup(nc.Close)
+	}
+	kpA, a := newUser()
+	kpB, b := newUser()
+	kpC, _ := newUser()
+	_, absent := newUser()
+	connect(kpA, b)       // A sends B's key as its name
+	connect(kpB, "decoy") // B sends a name like no key
+	connect(kpB, "")      // and B again, with no name
+	connect(kpC, "")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	held, err := broker.Account{NC: systemConn(t, p), Public: p.Account()}.Connections(ctx, []string{a, b, absent}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{a: 1, b: 2}
+	if !maps.Equal(held, want) {
+		t.Fatalf("connections counted by JWT subject: got %v, want %v (C, connected but not asked after, is not counted)", held, want)
 	}
 }

@@ -24,6 +24,8 @@ type Connection struct {
 	// Principal is the name of its user: a user JWT's `name`, or the name the auth callout gave
 	// it. Never a name the client sent.
 	Principal string
+	// User is a JWT user's public key, its JWT's subject; empty for a callout user.
+	User string
 	// Callout says the auth callout authorized it (it presented no user JWT of its own).
 	Callout bool
 	Start   time.Time
@@ -59,11 +61,11 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	}
 	switch {
 	case c.JWT != "":
-		name, ok := jwtName(c.JWT)
+		name, user, ok := jwtIdentity(c.JWT)
 		if !ok {
 			return Connection{}, false
 		}
-		conn.Principal = name
+		conn.Principal, conn.User = name, user
 	case c.AuthUser != "":
 		conn.Principal, conn.Callout = c.AuthUser, true
 	default:
@@ -72,30 +74,31 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	return conn, conn.Principal != "" && conn.CID != 0 && server != ""
 }
 
-// jwtName reads the `name` of a user JWT that a server reports it accepted, without checking
-// its signature again: the server did, and only the servers (and the system account's users,
-// which may kick any connection anyway) publish what this reads. jwt.DecodeUserClaims would
-// verify it again, about 70 µs a connection: as much as the broker's own check, on every JWT
-// user's connect.
-func jwtName(token string) (string, bool) {
+// jwtIdentity reads the `name` and the subject (the user's public key) of a user JWT that a
+// server reports it accepted, without checking its signature again: the server did, and only
+// the servers (and the system account's users, which may kick any connection anyway) publish
+// what this reads. jwt.DecodeUserClaims would verify it again, about 70 µs a connection: as
+// much as the broker's own check, on every JWT user's connect and every listed connection.
+func jwtIdentity(token string) (name, user string, ok bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
-		return "", false
+		return "", "", false
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return "", false
+		return "", "", false
 	}
 	var claims struct {
-		Name string `json:"name"`
-		Nats struct {
+		Name    string `json:"name"`
+		Subject string `json:"sub"`
+		Nats    struct {
 			Type string `json:"type"`
 		} `json:"nats"`
 	}
-	if json.Unmarshal(payload, &claims) != nil || claims.Nats.Type != string(jwt.UserClaim) {
-		return "", false
+	if json.Unmarshal(payload, &claims) != nil || claims.Nats.Type != string(jwt.UserClaim) || claims.Subject == "" {
+		return "", "", false
 	}
-	return claims.Name, true
+	return claims.Name, claims.Subject, true
 }
 
 // event is a connect or disconnect event of the account.

@@ -8,7 +8,7 @@ import (
 )
 
 // A connection's principal is its user JWT's name, or the name the auth callout gave it; the
-// `user` a JWT user's client sent beside its JWT is never read as a principal.
+// `user` a JWT user's client sent beside its JWT is never read as a principal, nor as its key.
 func TestAConnectionsPrincipalIsItsJWTsNameOrTheCalloutsNever(t *testing.T) {
 	acc, err := nkeys.CreateAccount()
 	if err != nil {
@@ -54,6 +54,9 @@ func TestAConnectionsPrincipalIsItsJWTsNameOrTheCalloutsNever(t *testing.T) {
 			c, ok := tt.info.connection("SERVER")
 			if ok != tt.accepted || (ok && (c.Principal != tt.want || c.Callout != tt.callout || c.CID != 7 || c.Server != "SERVER")) {
 				t.Fatalf("got %+v, %v; want principal %q, callout %v, accepted %v", c, ok, tt.want, tt.callout, tt.accepted)
+			}
+			if wantUser := map[bool]string{false: pub, true: ""}[tt.callout]; ok && c.User != wantUser {
+				t.Fatalf("user key: got %q, want %q (the JWT's subject, none for a callout user)", c.User, wantUser)
 			}
 		})
 	}

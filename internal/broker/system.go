@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/subjects"
@@ -44,20 +43,30 @@ func (a Account) Lookup(ctx context.Context, n int) ([]string, error) {
 	return tokens, nil
 }
 
-// Connections counts the account's open connections authenticated as user nkey on the
-// cluster's n servers, and fails unless all of them answered before ctx ended.
-func (a Account) Connections(ctx context.Context, nkey string, n int) (int, error) {
-	listed, err := a.connz(ctx, nkey, n)
+// Connections counts the account's open connections authenticated as each of users (user
+// public keys; a key with none is absent) on the cluster's n servers, and fails unless all of
+// them answered every page before ctx ended. It lists the whole account: the listing's own user
+// filter matches the name a client sent beside its JWT, which anyone may set to another key or
+// to nothing like one, so only the JWT the server accepted says who a connection is.
+func (a Account) Connections(ctx context.Context, users []string, n int) (map[string]int, error) {
+	conns, answered, err := a.ListConnections(ctx, n)
 	if err != nil {
-		return 0, fmt.Errorf("list the connections of account %s: %w", a.Public, err)
+		return nil, err
 	}
-	total := 0
-	for _, c := range listed {
-		if authenticatedAs(c.JWT, nkey) {
-			total++
+	if len(answered) < n {
+		return nil, fmt.Errorf("list the connections of account %s: %d of %d servers answered", a.Public, len(answered), n)
+	}
+	want := make(map[string]bool, len(users))
+	for _, u := range users {
+		want[u] = true
+	}
+	held := map[string]int{}
+	for _, c := range conns {
+		if c.User != "" && want[c.User] {
+			held[c.User]++
 		}
 	}
-	return total, nil
+	return held, nil
 }
 
 // listed is a connection as a server's listing shows it, and that server's id.
@@ -68,7 +77,9 @@ type listed struct {
 
 // connz lists the account's connections whose listed user is user (the name the servers'
 // listing filters on, at most a page of them per server) on the cluster's n servers, and
-// fails unless all of them answered before ctx ended.
+// fails unless all of them answered before ctx ended. The name is the auth callout's for the
+// connections it let in (the server drops what the client sent), and the client's own for a
+// JWT user: callers filter by the callout's names only.
 func (a Account) connz(ctx context.Context, user string, n int) ([]listed, error) {
 	req, err := json.Marshal(map[string]any{"user": user, "auth": true, "limit": listPage})
 	if err != nil {
@@ -97,18 +108,6 @@ func (a Account) connz(ctx context.Context, user string, n int) ([]listed, error
 		}
 	}
 	return out, nil
-}
-
-// authenticatedAs reports whether a connection that presented the user JWT token (as the
-// server's connection listing shows it) is user nkey. The listing's user filter and its
-// authorized_user are the name a client sent beside its JWT, which anyone may set to another's
-// key: only the JWT the server accepted says who the connection is.
-func authenticatedAs(token, nkey string) bool {
-	if token == "" {
-		return false
-	}
-	uc, err := jwt.DecodeUserClaims(token)
-	return err == nil && uc.Subject == nkey
 }
 
 // Servers counts the servers of the cluster: every server answers a ping, and each answer

@@ -166,7 +166,9 @@ func (r *resolver) Lookup(_ context.Context, n int) ([]string, error) {
 	return out, nil
 }
 
-func (r *resolver) Connections(context.Context, string, int) (int, error) { return 0, nil }
+func (r *resolver) Connections(context.Context, []string, int) (map[string]int, error) {
+	return nil, nil
+}
 
 // revokes returns the revocations of the account JWT the resolver holds.
 func (r *resolver) revokes() map[string]int64 {

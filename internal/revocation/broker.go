@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/jwt/v2"
@@ -84,36 +85,23 @@ func (v view) covers(want map[string]int64) bool {
 }
 
 // Evict waits until the broker lists no connection authenticated with any of keys, or ctx ends,
-// and returns how many of keys it found with none left. The keys are asked after at once.
+// and returns how many of keys it found with none left. Each poll lists the account once for
+// every key still held.
 func (s *Set) Evict(ctx context.Context, keys []string) int {
 	b := &reach{Broker: s.Broker}
 	if b.count(ctx) != nil {
 		return 0
 	}
-	gone := make([]bool, len(keys))
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		wg.Go(func() {
-			for attempt := 0; ; attempt++ {
-				n, err := b.connections(ctx, k)
-				if err == nil && n == 0 {
-					gone[i] = true
-					return
-				}
-				if store.Pause(ctx, attempt) != nil {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	n := 0
-	for _, g := range gone {
-		if g {
-			n++
+	held := slices.Clone(keys)
+	for attempt := 0; len(held) > 0; attempt++ {
+		if n, err := b.connections(ctx, held); err == nil {
+			held = slices.DeleteFunc(held, func(k string) bool { return n[k] == 0 })
+		}
+		if len(held) == 0 || store.Pause(ctx, attempt) != nil {
+			break
 		}
 	}
-	return n
+	return len(keys) - len(held)
 }
 
 // reach is the broker as one run of rounds or one Evict sees it: its servers counted once, and
@@ -168,13 +156,13 @@ func (b *reach) lookup(ctx context.Context) ([]string, error) {
 	return tokens, err
 }
 
-func (b *reach) connections(ctx context.Context, nkey string) (int, error) {
+func (b *reach) connections(ctx context.Context, nkeys []string) (map[string]int, error) {
 	if err := b.count(ctx); err != nil {
-		return 0, err
+		return nil, err
 	}
 	ctx, cancel := store.Attempt(ctx)
 	defer cancel()
-	n, err := b.Connections(ctx, nkey, b.servers())
+	n, err := b.Connections(ctx, nkeys, b.servers())
 	if err != nil {
 		b.forget()
 	}

@@ -62,8 +62,9 @@ type Broker interface {
 	Push(ctx context.Context, token string) error
 	// Lookup returns the account JWT each of the n servers' resolvers holds.
 	Lookup(ctx context.Context, n int) ([]string, error)
-	// Connections counts the account's connections authenticated as user nkey on the n servers.
-	Connections(ctx context.Context, nkey string, n int) (int, error)
+	// Connections counts the account's connections authenticated as each of the user keys
+	// nkeys on the n servers (a key with none may be absent).
+	Connections(ctx context.Context, nkeys []string, n int) (map[string]int, error)
 }
 
 // Set is the data account's revocation set and the broker it is applied to. Its zero value is

@@ -36,8 +36,8 @@ func (noBroker) Push(context.Context, string) error   { return errors.New("no br
 func (noBroker) Lookup(context.Context, int) ([]string, error) {
 	return nil, errors.New("no broker")
 }
-func (noBroker) Connections(context.Context, string, int) (int, error) {
-	return 0, errors.New("no broker")
+func (noBroker) Connections(context.Context, []string, int) (map[string]int, error) {
+	return nil, errors.New("no broker")
 }
 
 // A revocation set holds every key ended in the last day, which passes a request body's size
@@ -102,7 +102,9 @@ func (r *resolver) Lookup(context.Context, int) ([]string, error) {
 	return []string{r.held}, nil
 }
 
-func (r *resolver) Connections(context.Context, string, int) (int, error) { return 0, nil }
+func (r *resolver) Connections(context.Context, []string, int) (map[string]int, error) {
+	return nil, nil
+}
 
 func (r *resolver) pushed() []*jwt.AccountClaims {
 	r.mu.Lock()
