@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,6 +225,87 @@ func TestAnEndPastTheRevocationSetsCeilingRetiresTheLifecycleAndNamesTheKeysItCo
 		t.Errorf("the manager's own renewal after the end: issued, want a refusal")
 	}
 	wantUnwritten(t, p, "renewals after an end past the ceiling", before)
+}
+
+// TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatConfirmsIt: while
+// another signer (an operator's tool) keeps pushing the data account's JWT as it was before the
+// end, no server holds the end's revocations when it reads them back. (A push replaces what a
+// server's resolver holds whatever its issue time: nats-server 2.15 keeps only the newer of two
+// JWTs when servers merge their resolvers, not on a push.) The end still ends and retires the
+// lifecycle, answers unavailable by its deadline with the report (its keys on the set, not
+// revoked at the broker), and nothing is minted under the lifecycle after it; once the other
+// signer stops, a repeat of the end confirms the revocation.
+func TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatConfirmsIt(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, func(c *service.Config) { c.RequestTimeout = 3 * time.Second }, time.Now().Add(time.Hour))
+	stale := pushStale(t, p)
+
+	_, err := pa.end(s)
+	stale()
+	var refusal *client.Refusal
+	if !errors.As(err, &refusal) || refusal.Code != "unavailable" || !strings.Contains(refusal.Message, "did not confirm") {
+		t.Fatalf("an end the broker does not confirm: got %v, want unavailable saying the broker did not confirm", err)
+	}
+	var report client.EndReport
+	if err := json.Unmarshal(refusal.Details, &report); err != nil {
+		t.Fatalf("the refusal's details %s: %v", refusal.Details, err)
+	}
+	if report.Assignment.State != client.StateEnded || report.Retired.Gate != "retired" || report.Done || report.Revoked.Done ||
+		len(report.Revoked.NKeys) == 0 || !slices.Equal(report.Revoked.Unrevoked, report.Revoked.NKeys) {
+		t.Fatalf("the report: got %+v, want the lifecycle ended and retired and every key unrevoked", report)
+	}
+	set := revocationSet(t, p)
+	for _, k := range report.Revoked.NKeys {
+		if _, ok := set[k]; !ok {
+			t.Errorf("key %s is not on the revocation set", k)
+		}
+	}
+	before := storeSeqs(t, p)
+	_, err = pa.authority(s, client.OpRenew)
+	wantRefusalOf(t, "supervisor-authority after the unconfirmed end", err, "permission-denied", endedText(s.owner))
+	wantUnwritten(t, p, "a renewal after the unconfirmed end", before)
+
+	r, err := pa.end(s)
+	if err != nil || !r.Done || !r.Revoked.Done || len(r.Revoked.Unrevoked) != 0 || !slices.Equal(r.Revoked.NKeys, report.Revoked.NKeys) {
+		t.Fatalf("the repeated end: %+v, %v; want done, every key revoked", r, err)
+	}
+	claims, _ := dataAccountAtBroker(t, p)
+	for _, k := range report.Revoked.NKeys {
+		if _, ok := claims.Revocations[k]; !ok {
+			t.Errorf("after the repeat, the broker does not revoke key %s", k)
+		}
+	}
+}
+
+// pushStale pushes the data account's JWT as the broker holds it now, again and again, until
+// the function it returns is called: a signer on the side that keeps the broker from ever
+// holding a later one for long.
+func pushStale(t testing.TB, p *testPlane) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	acct := broker.Account{NC: systemConn(t, p), Public: p.Account()}
+	tokens, err := acct.Lookup(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = acct.Push(ctx, tokens[0]) // a push lost to a loaded broker is made again
+			cancel()
+		}
+	}()
+	stop = sync.OnceFunc(func() { close(done); <-stopped })
+	t.Cleanup(stop)
+	return stop
 }
 
 // fillRevocationSet writes n made-up keys (as long as user nkeys) on the data account's

@@ -6,9 +6,11 @@
 // confirmation cover every end waiting, so throughput is bounded by the broker and by one
 // signing a second, not by one end a second.
 //
-// Resolvers keep the newer of two account JWTs (by issue time, whole seconds), so every signing
-// reserves an issue time later than the last one in the row, by CAS on the row it signed: the
-// newest JWT any replica pushes carries every key added before it. No CAS decides while it
+// A push replaces the account JWT a server's resolver holds, whatever its issue time; servers
+// that sync their resolvers (one that missed a push catching up) keep the newer of two JWTs by
+// issue time, in whole seconds. So every signing reserves an issue time later than the last one
+// in the row, by CAS on the row it signed: the newest JWT any replica pushes carries every key
+// added before it, and it is the one the servers converge on. No CAS decides while it
 // waits: the wait for the next second comes before the row is read for the reservation.
 package revocation
 

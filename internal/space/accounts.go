@@ -31,7 +31,8 @@ var ErrNoOperatorSigner = errors.New("the operator signing key is not in the spa
 
 // DataAccountJWT signs the data account's claims under p with the operator signing key, and
 // returns the JWT and its issue time (unix seconds, from the wall clock: the JWT library stamps
-// it). Resolvers keep the newer of two JWTs by that time. Without the operator signing key it
+// it). A push replaces what a resolver holds; resolvers syncing with each other keep the newer
+// of two JWTs by that time. Without the operator signing key it
 // is ErrNoOperatorSigner.
 func (m *Keys) DataAccountJWT(p DataPolicy) (string, int64, error) {
 	if m.OperatorSigner == nil {
