@@ -268,15 +268,18 @@ func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
 	t.Parallel()
 	auth := "KV_" + subjects.AuthBucket(testSpace)
 	audit := subjects.AuditStream(testSpace)
+	minted := subjects.MintedStream(testSpace)
 	tests := []struct {
 		name   string
 		stream string
 		edit   func(*jetstream.StreamConfig)
 		fields []string
 	}{
-		{"direct reads on the fences", auth, func(c *jetstream.StreamConfig) { c.AllowDirect = true }, []string{"allow_direct"}},
+		// The fences of one replica allow direct gets (their one server answers them); a record
+		// stream allows none: its auditors' import carries the API's message get only.
+		{"direct reads on the audit stream", audit, func(c *jetstream.StreamConfig) { c.AllowDirect = true }, []string{"allow_direct"}},
 		{"purge allowed on the fences", auth, func(c *jetstream.StreamConfig) { c.DenyPurge = false }, []string{"deny_purge"}},
-		{"direct reads and purge on the fences", auth, func(c *jetstream.StreamConfig) { c.AllowDirect, c.DenyPurge = true, false }, []string{"allow_direct", "deny_purge"}},
+		{"direct reads and purge on the minted stream", minted, func(c *jetstream.StreamConfig) { c.AllowDirect, c.DenyPurge = true, false }, []string{"allow_direct", "deny_purge"}},
 		{"rollups, deletes and purges on the audit stream", audit, func(c *jetstream.StreamConfig) {
 			c.AllowRollup, c.DenyDelete, c.DenyPurge = true, false, false
 		}, []string{"allow_rollup_hdrs", "deny_delete", "deny_purge"}},

@@ -43,6 +43,7 @@ func TestDiffReportsEachUnsafeField(t *testing.T) {
 	fences := "KV_" + subjects.AuthBucket("default")
 	writeOnce := "KV_" + subjects.AcceptedBucket("default")
 	witness := subjects.WitnessStream("default", witnessOwner)
+	minted := subjects.MintedStream("default")
 	tests := []struct {
 		field  string
 		stream string
@@ -55,7 +56,7 @@ func TestDiffReportsEachUnsafeField(t *testing.T) {
 		{"max_msgs_per_subject", fences, func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 5 }},
 		{"discard", fences, func(c *jetstream.StreamConfig) { c.Discard = jetstream.DiscardNew }},
 		{"discard_new_per_subject", writeOnce, func(c *jetstream.StreamConfig) { c.DiscardNewPerSubject = false }},
-		{"allow_direct", fences, func(c *jetstream.StreamConfig) { c.AllowDirect = true }},
+		{"allow_direct", minted, func(c *jetstream.StreamConfig) { c.AllowDirect = true }},
 		{"mirror_direct", fences, func(c *jetstream.StreamConfig) { c.MirrorDirect = true }},
 		{"allow_rollup_hdrs", fences, func(c *jetstream.StreamConfig) { c.AllowRollup = true }},
 		{"deny_delete", fences, func(c *jetstream.StreamConfig) { c.DenyDelete = false }},
@@ -92,7 +93,7 @@ func TestDiffReportsEachUnsafeField(t *testing.T) {
 }
 
 func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
-	spec := specNamed(t, "KV_"+subjects.AuthBucket("default"), Options{})
+	spec := specNamed(t, "KV_"+subjects.AuthBucket("default"), Options{Replicas: 3})
 	got := spec.Config
 	got.AllowDirect, got.DenyPurge, got.AllowRollup = true, false, true
 	d := strings.Join(Diff(spec, got), "; ")
@@ -100,6 +101,30 @@ func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
 		if !strings.Contains(d, field) {
 			t.Errorf("Diff: got %q, want it to name %s", d, field)
 		}
+	}
+}
+
+// A bucket of one replica allows direct gets (its one server answers them), and one made
+// without them is no fault (Ensure turns them on); a replicated bucket with them is refused, as
+// is any record stream with them (the auditors' import carries only the API's message get).
+func TestDirectGetsOnlyOnABucketOfOneReplica(t *testing.T) {
+	for _, s := range allSpecs(Options{}) {
+		if want := s.Bucket != ""; s.Config.AllowDirect != want {
+			t.Errorf("%s of one replica: got allow_direct %v, want %v", s.Config.Name, s.Config.AllowDirect, want)
+		}
+	}
+	fences := "KV_" + subjects.AuthBucket("default")
+	one := specNamed(t, fences, Options{})
+	without := one.Config
+	without.AllowDirect = false
+	if d := Diff(one, without); len(d) != 0 {
+		t.Errorf("Diff of a bucket of one replica made without direct gets: got %v, want nothing (Ensure allows them)", d)
+	}
+	three := specNamed(t, fences, Options{Replicas: 3})
+	with := three.Config
+	with.AllowDirect = true
+	if d := Diff(three, with); len(d) != 1 || d[0] != "allow_direct is true, want false" {
+		t.Errorf("Diff of a bucket of three replicas with direct gets: got %q, want allow_direct refused", d)
 	}
 }
 
@@ -129,7 +154,8 @@ func TestDiffIgnoresSubjectOrder(t *testing.T) {
 	}
 }
 
-// Every stream keeps the rules docs/OPERATIONS.md gives ("What it runs": the stores) in its spec, so Ensure creates them right.
+// Every stream keeps the rules docs/OPERATIONS.md gives ("What it runs": the stores) in its spec,
+// so Ensure creates them right: leader reads only, on three replicas.
 func TestSpecsSealEveryStream(t *testing.T) {
 	for _, s := range allSpecs(Options{Replicas: 3}) {
 		c := s.Config

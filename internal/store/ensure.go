@@ -84,8 +84,9 @@ func refuse(spec Spec, got jetstream.StreamConfig) error {
 	return nil
 }
 
-// tune updates the limits of a tunable stream whose configuration got differs from spec's in
-// them: its age, bytes and message count, and its consumer limits.
+// tune updates in place what of got may follow spec: a tunable stream's age, bytes and message
+// count and its consumer limits, and direct gets on a bucket of one replica that a release
+// before them made without (refuse has turned away direct gets anywhere else).
 func tune(ctx context.Context, js jetstream.JetStream, spec Spec, got jetstream.StreamConfig, log *slog.Logger) error {
 	want := spec.Config
 	if spec.Tunable && (got.MaxAge != want.MaxAge || got.MaxBytes != want.MaxBytes || got.MaxMsgs != want.MaxMsgs ||
@@ -97,6 +98,13 @@ func tune(ctx context.Context, js jetstream.JetStream, spec Spec, got jetstream.
 		}
 		log.Info("updated stream limits", "stream", want.Name, "max_age", got.MaxAge, "max_bytes", got.MaxBytes, "max_msgs", got.MaxMsgs,
 			"max_consumers", got.MaxConsumers, "consumer_inactive_threshold", got.ConsumerLimits.InactiveThreshold)
+	}
+	if want.AllowDirect && !got.AllowDirect {
+		got.AllowDirect = true
+		if _, err := js.UpdateStream(ctx, got); err != nil {
+			return fmt.Errorf("allow direct gets on stream %s: %w", want.Name, err)
+		}
+		log.Info("allowed direct gets on a bucket of one replica", "stream", want.Name)
 	}
 	return nil
 }
@@ -149,7 +157,7 @@ func Diff(spec Spec, got jetstream.StreamConfig) []string {
 	check("max_msgs_per_subject", got.MaxMsgsPerSubject != want.MaxMsgsPerSubject, got.MaxMsgsPerSubject, want.MaxMsgsPerSubject)
 	check("discard", got.Discard != want.Discard, got.Discard, want.Discard)
 	check("discard_new_per_subject", got.DiscardNewPerSubject != want.DiscardNewPerSubject, got.DiscardNewPerSubject, want.DiscardNewPerSubject)
-	check("allow_direct", got.AllowDirect, true, false)
+	check("allow_direct", got.AllowDirect && !want.AllowDirect, true, false) // false where want is true is tuned
 	check("mirror_direct", got.MirrorDirect, true, false)
 	check("allow_rollup_hdrs", got.AllowRollup, true, false)
 	check("deny_delete", !got.DenyDelete, false, true)

@@ -31,7 +31,8 @@ var (
 
 const codeStoreFailed = 10077
 
-// KV is one bucket. Reads are leader reads: every bucket of the plane has allow_direct off.
+// KV is one bucket. Reads are the leader's: a bucket of one replica allows direct gets, which
+// only its one server answers; a replicated bucket allows none (a follower would answer them).
 type KV struct {
 	kv     jetstream.KeyValue
 	stream jetstream.Stream

@@ -39,24 +39,7 @@ func backends(t *testing.T) map[string]func(t *testing.T) (bucket, func(key stri
 // jetStreamBucket makes a fence bucket by hand, as the plane does, on an embedded server.
 func jetStreamBucket(t *testing.T) (bucket, func(string)) {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, JetStream: true, StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := embeddedJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	spec := store.Specs("t", store.Options{})[0] // the fence bucket
@@ -75,6 +58,72 @@ func jetStreamBucket(t *testing.T) (bucket, func(string)) {
 		if err := raw.Delete(context.Background(), key); err != nil {
 			t.Fatalf("delete %s: %v", key, err)
 		}
+	}
+}
+
+// embeddedJetStream starts a JetStream server for the test and connects to it.
+func embeddedJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, JetStream: true, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// A fence bucket of one replica made without direct gets (by a release before them) gets them
+// at the next start, and its reads go to the direct get: the stream's one server answers them.
+func TestEnsureAllowsDirectGetsOnABucketOfOneReplicaMadeWithout(t *testing.T) {
+	nc, js := embeddedJetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	spec := store.Specs("t", store.Options{})[0]
+	old := spec.Config
+	old.AllowDirect = false
+	if _, err := js.CreateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Ensure(ctx, js, []store.Spec{spec}, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatalf("Ensure on a bucket made without direct gets: %v", err)
+	}
+	st, err := js.Stream(ctx, old.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.CachedInfo().Config.AllowDirect {
+		t.Fatalf("after Ensure: allow_direct false, want true")
+	}
+	direct, err := nc.SubscribeSync("$JS.API.DIRECT.GET." + old.Name + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := store.OpenBucket(ctx, nc, spec.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Create(ctx, "k", []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(ctx, "k"); err != nil || string(e.Value) != "v" || e.Revision != rev {
+		t.Fatalf("Get after Create: %+v, %v; want v at revision %d", e, err, rev)
+	}
+	if _, err := direct.NextMsg(5 * time.Second); err != nil {
+		t.Errorf("the read: no direct get seen (%v), want the stream's direct get, not the API's message get", err)
 	}
 }
 
