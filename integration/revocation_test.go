@@ -19,6 +19,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -282,13 +283,7 @@ func TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatCo
 // holding a later one for long.
 func pushStale(t testing.TB, p *testPlane) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	acct := broker.Account{NC: systemConn(t, p), Public: p.Account()}
-	tokens, err := acct.Lookup(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acct, token := heldAccount(t, p)
 	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -299,13 +294,72 @@ func pushStale(t testing.TB, p *testPlane) (stop func()) {
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = acct.Push(ctx, tokens[0]) // a push lost to a loaded broker is made again
+			_ = acct.Push(ctx, token) // a push lost to a loaded broker is made again
 			cancel()
 		}
 	}()
 	stop = sync.OnceFunc(func() { close(done); <-stopped })
 	t.Cleanup(stop)
 	return stop
+}
+
+// heldAccount returns the data account as the plane's system user reaches it, and the account
+// JWT the broker holds now.
+func heldAccount(t testing.TB, p *testPlane) (broker.Account, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	acct := broker.Account{NC: systemConn(t, p), Public: p.Account()}
+	tokens, err := acct.Lookup(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return acct, tokens[0]
+}
+
+// TestAnOlderAccountJWTPushedAfterAnEndIsUndoneByTheRecheck: something else pushes the data
+// account's JWT as it was before an end (a push replaces what the broker holds, whatever its
+// issue time), so the broker stops revoking the end's keys. The plane's recheck finds a key of
+// the set the broker does not revoke and signs and pushes the set again.
+func TestAnOlderAccountJWTPushedAfterAnEndIsUndoneByTheRecheck(t *testing.T) {
+	t.Parallel()
+	p, pa, s := supervisedPlane(t, func(c *service.Config) {
+		if c.Hooks == nil {
+			c.Hooks = &service.Hooks{}
+		}
+		c.Hooks.RevocationRecheckEvery = 200 * time.Millisecond
+	}, time.Now().Add(time.Hour))
+	acct, older := heldAccount(t, p)
+	r, err := pa.end(s)
+	if err != nil || !r.Done {
+		t.Fatalf("the end: %+v, %v; want done", r, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := acct.Push(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	revokes := func() int {
+		claims, _ := dataAccountAtBroker(t, p)
+		n := 0
+		for _, k := range r.Revoked.NKeys {
+			if _, ok := claims.Revocations[k]; ok {
+				n++
+			}
+		}
+		return n
+	}
+	if n := revokes(); n != 0 {
+		t.Fatalf("after the older JWT's push the broker revokes %d of the end's %d keys, want none: the push did not take", n, len(r.Revoked.NKeys))
+	}
+	// The recheck leaves the set to the end's own round for revocation.RecheckGrace after its
+	// signing, then signs it again.
+	checkFor(t, revocation.RecheckGrace+20*time.Second, 100*time.Millisecond, func() error {
+		if n := revokes(); n != len(r.Revoked.NKeys) {
+			return fmt.Errorf("the broker revokes %d of the end's %d keys", n, len(r.Revoked.NKeys))
+		}
+		return nil
+	})
 }
 
 // fillRevocationSet writes n made-up keys (as long as user nkeys) on the data account's

@@ -154,6 +154,9 @@ type Hooks struct {
 	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
 	// metrics, instead of every WitnessSampleEvery.
 	WitnessSampleEvery time.Duration
+	// RevocationRecheckEvery, when set, is how often the broker's revocations are checked
+	// against the set, instead of every RevocationRecheckEvery.
+	RevocationRecheckEvery time.Duration
 }
 
 // DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says

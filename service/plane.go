@@ -338,6 +338,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err := p.revocations.Reapply(ctx); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
+	p.recheckRevocations()
 	return nil
 }
 

@@ -120,15 +120,14 @@ var (
 	errLost    = errors.New("nats: connection closed (injected)")
 )
 
-// resolver is the broker's account resolver, one server of it: it keeps the pushed account JWT
-// with the newest issue time, as nats-server's resolver does, answers a lookup with it, and
-// lists no connection (the schedule has no connections). down refuses every push and lookup: a
-// broker the plane cannot reach.
+// resolver is the broker's account resolver, one server of it: it keeps the account JWT pushed
+// last, whatever its issue time (as nats-server's resolver does on a push), answers a lookup
+// with it, and lists no connection (the schedule has no connections). down refuses every push
+// and lookup: a broker the plane cannot reach.
 type resolver struct {
 	account string
 	mu      sync.Mutex
 	held    string
-	iat     int64
 	down    bool
 }
 
@@ -144,9 +143,7 @@ func (r *resolver) Push(_ context.Context, token string) error {
 	if r.down {
 		return errors.New("nats: no responders available for request (injected)")
 	}
-	if c.IssuedAt > r.iat {
-		r.held, r.iat = token, c.IssuedAt
-	}
+	r.held = token // a push replaces what a nats-server resolver holds, whatever its issue time
 	return nil
 }
 

@@ -592,11 +592,7 @@ func Forgettable(at int64, now time.Time) bool {
 
 // waitPast waits until the wall clock's second is after last.
 func (s *Set) waitPast(ctx context.Context, last int64) error {
-	wall := s.Wall
-	if wall == nil {
-		wall = time.Now
-	}
-	d := time.Unix(last+1, 0).Sub(wall())
+	d := time.Unix(last+1, 0).Sub(s.wall())
 	if d <= 0 {
 		return nil
 	}
@@ -661,6 +657,51 @@ func (s *Set) Reapply(ctx context.Context) error {
 		}
 		// A server holds a later JWT that does not revoke all of them: sign again, later.
 	}
+}
+
+// Recheck reads the set and what every server's resolver holds, and when a server does not
+// revoke every key on the set, signs and pushes the whole set again (Reapply), reporting that it
+// did. That undoes what a push of an older account JWT did: one from something else that
+// pushes the data account (nsc, a tool on the side), or one of a replica that reached a server
+// after a later one (a push replaces what a server holds, whatever its issue time). A set whose
+// last signing is younger than RecheckGrace is left to the round that made it, which reads it
+// back itself; so is one while this process runs a round.
+func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.running = true // Revokes that come meanwhile wait for the run started below
+	s.mu.Unlock()
+	defer func() { go s.run() }()
+	cur, err := s.fence().Observe(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read the revocation set: %w", err)
+	}
+	if len(cur.Row.Revoked) == 0 || s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
+		return false, nil
+	}
+	held, err := s.rounds().view(ctx)
+	if err != nil {
+		return false, err
+	}
+	if held.covers(cur.Row.Revoked) {
+		return false, nil
+	}
+	return true, s.Reapply(ctx)
+}
+
+// RecheckGrace is how old the set's last signing must be before Recheck signs it again: its own
+// round is reading it back until then.
+const RecheckGrace = 10 * time.Second
+
+// wall is the clock the JWT library stamps issue times with.
+func (s *Set) wall() time.Time {
+	if s.Wall == nil {
+		return time.Now()
+	}
+	return s.Wall()
 }
 
 // Held reports how many keys the set holds and the size of the account JWT the broker's first

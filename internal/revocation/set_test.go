@@ -67,14 +67,15 @@ func TestARevocationSetLargerThanARequestBodyStillTakesKeys(t *testing.T) {
 	}
 }
 
-// resolver is a broker of one server whose resolver keeps the newest account JWT it is pushed
-// (by issue time, as nats-server's does), and counts the pushes.
+// resolver is a broker of one server whose resolver keeps the account JWT pushed last, whatever
+// its issue time (as nats-server's does on a push), and counts the pushes. onLookup, when set,
+// runs at the start of every Lookup.
 type resolver struct {
-	account string
-	mu      sync.Mutex
-	held    string
-	iat     int64
-	pushes  []*jwt.AccountClaims
+	account  string
+	mu       sync.Mutex
+	held     string
+	pushes   []*jwt.AccountClaims
+	onLookup func()
 }
 
 func (r *resolver) Servers(context.Context) (int, error) { return 1, nil }
@@ -87,13 +88,14 @@ func (r *resolver) Push(_ context.Context, token string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pushes = append(r.pushes, c)
-	if c.IssuedAt >= r.iat {
-		r.held, r.iat = token, c.IssuedAt
-	}
+	r.held = token
 	return nil
 }
 
 func (r *resolver) Lookup(context.Context, int) ([]string, error) {
+	if r.onLookup != nil {
+		r.onLookup()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.held == "" {
@@ -222,6 +224,68 @@ func TestEverySigningIsLaterThanTheLastAndCarriesEveryKeyBeforeIt(t *testing.T) 
 					t.Errorf("push %d lacks key %s added before it", i, k)
 				}
 			}
+		}
+	})
+}
+
+// TestARecheckSignsTheSetAgainWhenTheBrokerLostIt: something pushed the data account a JWT
+// without the set's keys. A recheck within RecheckGrace of the set's last signing leaves it to
+// that signing's round; after it, the recheck signs and pushes the set again, and the next finds
+// nothing to do. A revoke that comes while a recheck reads the broker is served after it.
+func TestARecheckSignsTheSetAgainWhenTheBrokerLostIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, b := newSet(t)
+		keys := userKeys(t, 3)
+		if out, err := s.Revoke(ctx(t), keys); err != nil || !out.Done() {
+			t.Fatalf("the end: %+v, %v", out, err)
+		}
+		lost, _, err := s.Sign(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Push(ctx(t), lost); err != nil {
+			t.Fatal(err)
+		}
+		if again, err := s.Recheck(ctx(t)); again || err != nil {
+			t.Fatalf("a recheck right after the signing: got %v, %v; want nothing done", again, err)
+		}
+		time.Sleep(RecheckGrace)
+
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		b.onLookup = func() { once.Do(func() { close(entered); <-release }) }
+		var again bool
+		rechecked := make(chan struct{})
+		go func() { defer close(rechecked); again, err = s.Recheck(ctx(t)) }()
+		<-entered
+		more := userKeys(t, 2)
+		var out *Outcome
+		var rerr error
+		revoked := make(chan struct{})
+		go func() { defer close(revoked); out, rerr = s.Revoke(ctx(t), more) }()
+		synctest.Wait() // the revoke waits behind the recheck
+		close(release)
+		<-rechecked
+		if !again || err != nil {
+			t.Fatalf("a recheck past the grace with the broker missing the keys: got %v, %v; want the set signed again", again, err)
+		}
+		<-revoked
+		if rerr != nil || !out.Done() {
+			t.Fatalf("the revoke during the recheck: %+v, %v; want it confirmed", out, rerr)
+		}
+		held, err := jwt.DecodeAccountClaims(b.held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range append(keys, more...) {
+			if _, ok := held.Revocations[k]; !ok {
+				t.Errorf("the broker does not revoke %s after the recheck", k)
+			}
+		}
+		time.Sleep(RecheckGrace)
+		n := len(b.pushed())
+		if again, err := s.Recheck(ctx(t)); again || err != nil || len(b.pushed()) != n {
+			t.Fatalf("a recheck with the broker holding the set: got %v, %v, %d pushes more; want nothing done", again, err, len(b.pushed())-n)
 		}
 	})
 }

@@ -1,0 +1,48 @@
+package service
+
+import (
+	"context"
+	"time"
+)
+
+// RevocationRecheckEvery is how often the plane checks that every server of the broker revokes
+// every key on the data account's revocation set, and signs and pushes the set again when one
+// does not: a push of an older account JWT (by anything else that pushes the data account, or
+// one of a replica's that reached a server late) undoes revocations at a server for at most
+// about this long.
+const RevocationRecheckEvery = 30 * time.Second
+
+// recheckRevocations runs the revocation set's Recheck every RevocationRecheckEvery until the
+// plane closes.
+func (p *Plane) recheckRevocations() {
+	every := RevocationRecheckEvery
+	if p.cfg.Hooks != nil && p.cfg.Hooks.RevocationRecheckEvery > 0 {
+		every = p.cfg.Hooks.RevocationRecheckEvery
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.bg.Go(func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// A recheck that signs again waits for the next second and reads the set back
+			// from every server: it gets the time of a request.
+			rctx, cancel := context.WithTimeout(ctx, max(every, p.cfg.RequestTimeout))
+			reapplied, err := p.revocations.Recheck(rctx)
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				p.log.Warn("the broker's revocations were not checked against the revocation set; checked again in "+every.String(), "err", err)
+			case reapplied:
+				p.log.Warn("a server of the broker did not revoke every key of the revocation set (an older account JWT was pushed); signed and pushed the set again")
+			}
+		}
+	})
+	p.onClose("stop rechecking the broker's revocations", func() error { stop(); <-done; return nil })
+}
