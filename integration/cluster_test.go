@@ -89,7 +89,8 @@ func (c *cluster) URLs() string {
 // URL is server i's client URL, whether it runs or not.
 func (c *cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.ports[i]) }
 
-// waitFormed waits until every server routes to every other and a meta leader is elected.
+// waitFormed waits until every server routes to every other and a meta leader is elected that
+// knows every server online (until then it refuses a replicated stream: "peer offline").
 func (c *cluster) waitFormed(t testing.TB) {
 	t.Helper()
 	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
@@ -100,6 +101,9 @@ func (c *cluster) waitFormed(t testing.TB) {
 			}
 			if s.JetStreamIsLeader() {
 				leaders++
+				if got := len(s.JetStreamClusterPeers()); got != len(c.servers) {
+					return fmt.Errorf("the meta leader knows %d servers online, want %d", got, len(c.servers))
+				}
 			}
 		}
 		if leaders != 1 {

@@ -108,6 +108,10 @@ func (c *Cluster) formed() error {
 		}
 		if s.JetStreamIsLeader() {
 			leaders++
+			// Until it has heard from every server, it refuses a replicated stream ("peer offline").
+			if got := len(s.JetStreamClusterPeers()); got != len(c.servers) {
+				return fmt.Errorf("the meta leader knows %d servers online, want %d", got, len(c.servers))
+			}
 		}
 	}
 	if leaders != 1 {

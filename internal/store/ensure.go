@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,8 +47,11 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 		// its store mid-race is asked again.
 		if s, err = js.Stream(ctx, name); err != nil {
 			var apiErr *jetstream.APIError
-			if errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeCreateStoreFailed {
+			switch {
+			case errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeCreateStoreFailed:
 				cerr = fmt.Errorf("%w: %w", errCreateRaced, cerr)
+			case errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeNoPeers && strings.Contains(apiErr.Description, "peer offline"):
+				cerr = fmt.Errorf("%w: %w", errPeersOffline, cerr)
 			}
 			return fmt.Errorf("create stream %s: %w", name, cerr)
 		}
@@ -198,6 +202,16 @@ const codeCreateStoreFailed = 10049
 // errCreateRaced marks a creation that may have lost a race with another: retried.
 var errCreateRaced = errors.New("stream creation raced")
 
+// codeNoPeers is JetStream's "no suitable peers for placement", with the reasons after it. One
+// of them, "peer offline", is what a cluster that has just formed answers until its meta leader
+// has heard from every server (routes up and a leader elected are not enough): a creation that
+// gets it is retried (errPeersOffline). Every other reason (too little storage, tags, a cluster
+// too small for the replicas) is the cluster's answer.
+const codeNoPeers = 10005
+
+// errPeersOffline marks a creation that found a replica's server not yet known online: retried.
+var errPeersOffline = errors.New("a server of the cluster is not known online yet")
+
 // permanentError stops retry: retrying cannot fix it.
 type permanentError struct{ error }
 
@@ -229,7 +243,7 @@ func retry(ctx context.Context, log *slog.Logger, fn func(context.Context) error
 // Transient reports whether err may succeed when retried: timeouts, no responders, a
 // JetStream that is not ready yet, a leader change.
 func Transient(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, errCreateRaced) ||
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, errCreateRaced) || errors.Is(err, errPeersOffline) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) {
 		return true

@@ -18,6 +18,7 @@ type racingJS struct {
 	exists  bool
 	reads   int
 	creates int
+	refusal *jetstream.APIError // what a create answers; nil: a lost race's
 }
 
 func (r *racingJS) Stream(context.Context, string) (jetstream.Stream, error) {
@@ -30,6 +31,9 @@ func (r *racingJS) Stream(context.Context, string) (jetstream.Stream, error) {
 
 func (r *racingJS) CreateStream(context.Context, jetstream.StreamConfig) (jetstream.Stream, error) {
 	r.creates++
+	if r.refusal != nil {
+		return nil, r.refusal
+	}
 	return nil, &jetstream.APIError{Code: 500, ErrorCode: codeCreateStoreFailed, Description: "error creating store for stream"}
 }
 
@@ -57,5 +61,27 @@ func TestEnsureChecksAStreamAnotherStartCreatedFirst(t *testing.T) {
 	}
 	if !errors.Is(err, errCreateRaced) || js.creates != 1 {
 		t.Errorf("got %v after %d creates, want one create, marked raced", err, js.creates)
+	}
+}
+
+// A cluster that has just formed refuses a creation with "no suitable peers for placement, peer
+// offline" until its meta leader has heard from every server: that is retried. The same code
+// for any other reason is the cluster's answer, and so is not.
+func TestEnsureRetriesACreationWhileAPeerIsNotYetOnline(t *testing.T) {
+	spec := specNamed(t, "KV_cotal_auth_default", Options{Replicas: 3})
+	log := slog.New(slog.DiscardHandler)
+	for _, tt := range []struct {
+		description string
+		transient   bool
+	}{
+		{"no suitable peers for placement, peer offline", true},
+		{"no suitable peers for placement, insufficient storage", false},
+		{"no suitable peers for placement", false},
+	} {
+		js := &racingJS{spec: spec, refusal: &jetstream.APIError{Code: 400, ErrorCode: codeNoPeers, Description: tt.description}}
+		err := ensureOne(context.Background(), js, spec, log)
+		if err == nil || Transient(err) != tt.transient {
+			t.Errorf("a creation refused %q: got %v (transient %v), want transient %v", tt.description, err, Transient(err), tt.transient)
+		}
 	}
 }
