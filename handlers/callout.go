@@ -36,9 +36,15 @@ const (
 	CalloutDeadline = 1800 * time.Millisecond
 	// CalloutInFlight bounds the decisions under way; past it a request waits in a backlog of
 	// at most CalloutBacklog (past that the oldest waiting is dropped, and the broker refuses
-	// that connection when its wait runs out). See calloutQueue for the order they are taken in.
-	CalloutInFlight = 256
-	CalloutBacklog  = 8192
+	// that connection when its wait runs out). See calloutQueue for the order they are taken in,
+	// and for the bound, which falls to CalloutMinInFlight while decisions are slow.
+	CalloutInFlight    = 256
+	CalloutMinInFlight = 8
+	CalloutBacklog     = 8192
+	// CalloutSlow is how long a decision takes, from its start, when the stores behind it are
+	// congested: each one that slow halves the decisions let under way at once (at most once
+	// per CalloutSlow), and each one under half of it lets one more.
+	CalloutSlow = 600 * time.Millisecond
 	// CalloutQueueWait is the longest a request waits in the backlog for its decision to start.
 	// One that waited longer is dropped unanswered, as the broker will have given up on it
 	// before an answer came: in a reconnect storm the decisions go to requests the broker still

@@ -192,3 +192,68 @@ func (q *calloutQueue) idle() bool {
 	defer q.mu.Unlock()
 	return q.busy == 0 && len(q.waiting) == 0
 }
+
+// A decision that took CalloutSlow halves how many decide at once, at most once per
+// CalloutSlow and never below CalloutMinInFlight; one under half of it lets one more, up to the
+// queue's bound; one in between changes nothing. A storm's store reads are served in arrival
+// order, and past the deadline every answer is a refusal: fewer reads under way keep them in
+// time.
+func TestCalloutQueueDecidesFewerAtOnceWhileDecisionsAreSlow(t *testing.T) {
+	t.Parallel()
+	clock := time.Now()
+	q := newCalloutQueue(64, 8, func() time.Time { return clock }, func(calloutRequest) {}, slog.New(slog.DiscardHandler))
+	limit := func() int { q.mu.Lock(); defer q.mu.Unlock(); return q.limit }
+
+	q.took(CalloutSlow)
+	if got := limit(); got != 32 {
+		t.Fatalf("after a slow decision: %d at once, want 32", got)
+	}
+	q.took(2 * CalloutSlow) // the same slow spell
+	if got := limit(); got != 32 {
+		t.Fatalf("after a second slow decision at the same moment: %d at once, want still 32", got)
+	}
+	for range 5 {
+		clock = clock.Add(CalloutSlow)
+		q.took(CalloutSlow)
+	}
+	if got := limit(); got != CalloutMinInFlight {
+		t.Fatalf("after a long slow spell: %d at once, want the floor %d", got, CalloutMinInFlight)
+	}
+	q.took(CalloutSlow * 3 / 4)
+	if got := limit(); got != CalloutMinInFlight {
+		t.Fatalf("after a decision between half of CalloutSlow and it: %d at once, want unchanged", got)
+	}
+	for range 100 {
+		q.took(time.Millisecond)
+	}
+	if got := limit(); got != 64 {
+		t.Fatalf("after 100 quick decisions: %d at once, want the queue's bound 64", got)
+	}
+}
+
+// With the bound lowered, no more than it decide at once: the rest wait their turn, and every
+// one is decided once the slow ones finish.
+func TestCalloutQueueKeepsToTheLoweredBound(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	p := newQueueProbe(64, 64, stopped(now))
+	for range 3 { // 64 → 8, each a slow spell of its own
+		p.q.mu.Lock()
+		p.q.cut = time.Time{}
+		p.q.mu.Unlock()
+		p.q.took(CalloutSlow)
+	}
+	for i := range 20 {
+		p.q.take(request(strconv.Itoa(i), now))
+	}
+	waitUntil(t, "the bound's decisions started", func() bool { s, _ := p.snapshot(); return len(s) == CalloutMinInFlight })
+	p.q.mu.Lock()
+	busy := p.q.busy
+	p.q.mu.Unlock()
+	if busy != CalloutMinInFlight {
+		t.Fatalf("%d deciding at once, want the lowered bound %d", busy, CalloutMinInFlight)
+	}
+	close(p.release)
+	waitUntil(t, "every request is decided", func() bool { _, s := p.snapshot(); return len(s) == 20 })
+	waitUntil(t, "the workers give their slots up", p.q.idle)
+}
