@@ -14,6 +14,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/logs"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -204,7 +205,7 @@ func (h *endpoint) serve(req micro.Request, call Call) {
 // each endpoint, so a caller cannot flood the log with them; the count says how many there were.
 func (h *endpoint) drop(why string, attrs ...any) {
 	n := h.dropped.Add(1)
-	if n&(n-1) == 0 {
+	if logs.Sparse(n) {
 		h.bus.Log.Warn("dropped request: "+why, append([]any{"endpoint", h.name, "dropped", n}, attrs...)...)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/internal/logs"
 )
 
 // calloutRequest is a request and when it came.
@@ -79,7 +81,7 @@ func (q *calloutQueue) take(r calloutRequest) {
 		q.waiting = append(q.waiting, r)
 	}
 	q.mu.Unlock()
-	if n&(n-1) == 0 && n > 0 { // the 1st, 2nd, 4th, 8th… of a storm: it does not flood the log
+	if logs.Sparse(n) { // the 1st, 2nd, 4th, 8th… of a storm
 		q.log.Warn("auth callout busy; the oldest waiting connection attempt is left to time out", "in_flight", q.inFlight, "waiting", q.backlog, "dropped", n)
 	}
 }
@@ -128,7 +130,7 @@ func (q *calloutQueue) took(d time.Duration) {
 	}
 	limit := q.limit
 	q.mu.Unlock()
-	if cut&(cut-1) == 0 && cut > 0 {
+	if logs.Sparse(cut) {
 		q.log.Warn("auth callout: decisions are slow (the stores are congested); deciding fewer at once", "took", d, "in_flight", limit)
 	}
 }

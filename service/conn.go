@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/logs"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -92,7 +93,7 @@ func (p *Plane) connect(log *slog.Logger, opts []nats.Option) (*nats.Conn, error
 			return nc, err
 		}
 		p.setPhase(fmt.Sprintf("connecting to NATS at %s (attempt %d: %v)", broker.RedactURL(p.info.NATSURL), attempt, err))
-		if attempt&(attempt-1) == 0 { // the 1st, 2nd, 4th, 8th… attempt
+		if logs.Sparse(attempt) {
 			log.Warn("NATS is not reachable yet; retrying until --connect-timeout", "attempt", attempt, "err", err, "connect_timeout", p.cfg.ConnectTimeout.String())
 		}
 		select {

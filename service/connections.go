@@ -7,6 +7,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/conns"
+	"github.com/cotal-ai/authplane/internal/logs"
 )
 
 // ReconcileEvery is how often the plane lists the data account's connections to put its count
@@ -115,7 +116,7 @@ func (p *Plane) kick(ctx context.Context, acct broker.Account, k conns.Kick) {
 		return
 	}
 	p.metrics.ConnectionRefused(k.Budget, "kick")
-	if n := p.kicked.Add(1); n&(n-1) == 0 {
+	if n := p.kicked.Add(1); logs.Sparse(n) {
 		p.log.Warn("kicked a connection past its budget", "principal", k.Principal, "budget", k.Budget, "kicked", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/logs"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -93,7 +94,7 @@ func (t *transportRefusals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t.seen[answer.Code]++
 	n := t.seen[answer.Code]
 	t.mu.Unlock()
-	if n&(n-1) == 0 {
+	if logs.Sparse(n) {
 		t.p.log.Info("refused by the HTTP face", "face", t.face, "method", fault.Clip(r.Method, 16), "path", fault.Clip(r.URL.Path, fault.MaxQuote),
 			"status", rec.status, "code", answer.Code, "message", answer.Error, "refused", n)
 	}
