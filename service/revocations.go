@@ -8,8 +8,9 @@ import (
 // RevocationRecheckEvery is how often the plane checks that every server of the broker revokes
 // every key on the data account's revocation set, and signs and pushes the set again when one
 // does not: a push of an older account JWT (by anything else that pushes the data account, or
-// one of a replica's that reached a server late) undoes revocations at a server for at most
-// about this long.
+// one of a replica's that reached a server late) undoes revocations at a server until the next
+// recheck after the set's last signing is revocation.RecheckGrace old (or, while something
+// keeps pushing one, until it stops).
 const RevocationRecheckEvery = 30 * time.Second
 
 // recheckRevocations runs the revocation set's Recheck every RevocationRecheckEvery until the

@@ -357,6 +357,7 @@ func (r *rounds) serve(ctx context.Context) {
 	if len(ws) == 0 {
 		return
 	}
+
 	o, token, err := s.addAndSign(ctx, ws, r.last, r.force, r.known)
 	r.known = nil
 	if err == nil || errors.Is(err, errTooSoon) {
@@ -660,21 +661,14 @@ func (s *Set) Reapply(ctx context.Context) error {
 }
 
 // Recheck reads the set and what every server's resolver holds, and when a server does not
-// revoke every key on the set, signs and pushes the whole set again (Reapply), reporting that it
-// did. That undoes what a push of an older account JWT did: one from something else that
-// pushes the data account (nsc, a tool on the side), or one of a replica that reached a server
-// after a later one (a push replaces what a server holds, whatever its issue time). A set whose
-// last signing is younger than RecheckGrace is left to the round that made it, which reads it
-// back itself; so is one while this process runs a round.
+// revoke every key on the set, has a round sign and push the whole set again and waits for it to
+// be read back, reporting that it did. That undoes what a push of an older account JWT did: one
+// from something else that pushes the data account (nsc, a tool on the side), or one of a
+// replica that reached a server after a later one (a push replaces what a server holds,
+// whatever its issue time). Revokes that come meanwhile join that round, as they join any. A
+// set whose last signing is younger than RecheckGrace is left to the round that made it, which
+// reads it back itself.
 func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
-	s.mu.Lock()
-	if s.running {
-		s.mu.Unlock()
-		return false, nil
-	}
-	s.running = true // Revokes that come meanwhile wait for the run started below
-	s.mu.Unlock()
-	defer func() { go s.run() }()
 	cur, err := s.fence().Observe(ctx)
 	if err != nil {
 		return false, fmt.Errorf("read the revocation set: %w", err)
@@ -682,14 +676,43 @@ func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
 	if len(cur.Row.Revoked) == 0 || s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
 		return false, nil
 	}
-	held, err := s.rounds().view(ctx)
+	// A reading of its own: the rounds' state is their run's.
+	held, err := (&rounds{s: s, reach: &reach{Broker: s.Broker}}).view(ctx)
 	if err != nil {
 		return false, err
 	}
 	if held.covers(cur.Row.Revoked) {
 		return false, nil
 	}
-	return true, s.Reapply(ctx)
+	w := &waiter{added: true, want: cur.Row.Revoked, done: make(chan struct{})}
+	w.deadline, _ = ctx.Deadline()
+	if w.deadline.IsZero() {
+		w.deadline = time.Now().Add(time.Minute)
+	}
+	// Its keys are on the set: the round reads the broker back, and signs and pushes the set
+	// again when the broker does not revoke them all (as for an end repeated).
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+	s.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.close(w)
+	if !w.confirmed {
+		cause := s.lastErr
+		if cause == nil {
+			cause = ErrUnconfirmed
+		}
+		return true, fmt.Errorf("signed the set again, but the broker did not confirm it: %w", cause)
+	}
+	return true, nil
 }
 
 // RecheckGrace is how old the set's last signing must be before Recheck signs it again: its own

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -68,19 +69,22 @@ func TestARevocationSetLargerThanARequestBodyStillTakesKeys(t *testing.T) {
 }
 
 // resolver is a broker of one server whose resolver keeps the account JWT pushed last, whatever
-// its issue time (as nats-server's does on a push), and counts the pushes. onLookup, when set,
-// runs at the start of every Lookup.
+// its issue time (as nats-server's does on a push), and counts the pushes. onPush, when set,
+// runs at the start of every Push.
 type resolver struct {
-	account  string
-	mu       sync.Mutex
-	held     string
-	pushes   []*jwt.AccountClaims
-	onLookup func()
+	account string
+	mu      sync.Mutex
+	held    string
+	pushes  []*jwt.AccountClaims
+	onPush  func()
 }
 
 func (r *resolver) Servers(context.Context) (int, error) { return 1, nil }
 
 func (r *resolver) Push(_ context.Context, token string) error {
+	if r.onPush != nil {
+		r.onPush()
+	}
 	c, err := jwt.DecodeAccountClaims(token)
 	if err != nil || c.Subject != r.account {
 		return fmt.Errorf("not the data account's JWT: %v", err)
@@ -93,9 +97,6 @@ func (r *resolver) Push(_ context.Context, token string) error {
 }
 
 func (r *resolver) Lookup(context.Context, int) ([]string, error) {
-	if r.onLookup != nil {
-		r.onLookup()
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.held == "" {
@@ -230,8 +231,9 @@ func TestEverySigningIsLaterThanTheLastAndCarriesEveryKeyBeforeIt(t *testing.T) 
 
 // TestARecheckSignsTheSetAgainWhenTheBrokerLostIt: something pushed the data account a JWT
 // without the set's keys. A recheck within RecheckGrace of the set's last signing leaves it to
-// that signing's round; after it, the recheck signs and pushes the set again, and the next finds
-// nothing to do. A revoke that comes while a recheck reads the broker is served after it.
+// that signing's round; after it, the recheck has a round sign and push the set again, and the
+// next finds nothing to do. A revoke that comes while that round pushes is not held up by it:
+// it is put on the set by the next round and confirmed.
 func TestARecheckSignsTheSetAgainWhenTheBrokerLostIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, b := newSet(t)
@@ -251,27 +253,32 @@ func TestARecheckSignsTheSetAgainWhenTheBrokerLostIt(t *testing.T) {
 		}
 		time.Sleep(RecheckGrace)
 
-		entered, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		b.onLookup = func() { once.Do(func() { close(entered); <-release }) }
+		pushing, release := make(chan struct{}), make(chan struct{})
+		var first atomic.Bool
+		b.onPush = func() {
+			if first.CompareAndSwap(false, true) {
+				close(pushing)
+				<-release
+			}
+		}
 		var again bool
 		rechecked := make(chan struct{})
 		go func() { defer close(rechecked); again, err = s.Recheck(ctx(t)) }()
-		<-entered
+		<-pushing
 		more := userKeys(t, 2)
 		var out *Outcome
 		var rerr error
 		revoked := make(chan struct{})
 		go func() { defer close(revoked); out, rerr = s.Revoke(ctx(t), more) }()
-		synctest.Wait() // the revoke waits behind the recheck
+		synctest.Wait() // the revoke waits for the round under way
 		close(release)
 		<-rechecked
 		if !again || err != nil {
-			t.Fatalf("a recheck past the grace with the broker missing the keys: got %v, %v; want the set signed again", again, err)
+			t.Fatalf("a recheck past the grace with the broker missing the keys: got %v, %v; want the set signed again and confirmed", again, err)
 		}
 		<-revoked
 		if rerr != nil || !out.Done() {
-			t.Fatalf("the revoke during the recheck: %+v, %v; want it confirmed", out, rerr)
+			t.Fatalf("the revoke during the recheck's round: %+v, %v; want it confirmed", out, rerr)
 		}
 		held, err := jwt.DecodeAccountClaims(b.held)
 		if err != nil {
