@@ -228,21 +228,27 @@ func TestAnEndPastTheRevocationSetsCeilingRetiresTheLifecycleAndNamesTheKeysItCo
 	wantUnwritten(t, p, "renewals after an end past the ceiling", before)
 }
 
-// TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatConfirmsIt: while
-// another signer (an operator's tool) keeps pushing the data account's JWT as it was before the
-// end, no server holds the end's revocations when it reads them back. (A push replaces what a
-// server's resolver holds whatever its issue time: nats-server 2.15 keeps only the newer of two
-// JWTs when servers merge their resolvers, not on a push.) The end still ends and retires the
-// lifecycle, answers unavailable by its deadline with the report (its keys on the set, not
-// revoked at the broker), and nothing is minted under the lifecycle after it; once the other
-// signer stops, a repeat of the end confirms the revocation.
+// TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatConfirmsIt: the
+// broker takes the end's account JWT, but every read-back shows it as it was before the end (a
+// fault injected between the plane and the broker: a server that lags, or something pushing
+// an older JWT), so no server is seen to revoke the end's keys. The end still ends and retires
+// the lifecycle, answers unavailable by its deadline with the report (its keys on the set, not
+// revoked), and nothing is minted under the lifecycle after it; once the read-back shows what
+// the broker holds, a repeat of the end confirms the revocation.
 func TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatConfirmsIt(t *testing.T) {
 	t.Parallel()
-	p, pa, s := supervisedPlane(t, func(c *service.Config) { c.RequestTimeout = 3 * time.Second }, time.Now().Add(time.Hour))
-	stale := pushStale(t, p)
+	lag := &laggingBroker{}
+	p, pa, s := supervisedPlane(t, func(c *service.Config) {
+		c.RequestTimeout = 3 * time.Second
+		if c.Hooks == nil {
+			c.Hooks = &service.Hooks{}
+		}
+		c.Hooks.RevocationBroker = func(b revocation.Broker) revocation.Broker { lag.Broker = b; return lag }
+	}, time.Now().Add(time.Hour))
+	_, before := heldAccount(t, p)
+	lag.show(before)
 
 	_, err := pa.end(s)
-	stale()
 	var refusal *client.Refusal
 	if !errors.As(err, &refusal) || refusal.Code != "unavailable" || !strings.Contains(refusal.Message, "did not confirm") {
 		t.Fatalf("an end the broker does not confirm: got %v, want unavailable saying the broker did not confirm", err)
@@ -261,11 +267,12 @@ func TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatCo
 			t.Errorf("key %s is not on the revocation set", k)
 		}
 	}
-	before := storeSeqs(t, p)
+	before2 := storeSeqs(t, p)
 	_, err = pa.authority(s, client.OpRenew)
 	wantRefusalOf(t, "supervisor-authority after the unconfirmed end", err, "permission-denied", endedText(s.owner))
-	wantUnwritten(t, p, "a renewal after the unconfirmed end", before)
+	wantUnwritten(t, p, "a renewal after the unconfirmed end", before2)
 
+	lag.show("")
 	r, err := pa.end(s)
 	if err != nil || !r.Done || !r.Revoked.Done || len(r.Revoked.Unrevoked) != 0 || !slices.Equal(r.Revoked.NKeys, report.Revoked.NKeys) {
 		t.Fatalf("the repeated end: %+v, %v; want done, every key revoked", r, err)
@@ -278,29 +285,28 @@ func TestAnEndTheBrokerDoesNotConfirmByTheDeadlineAnswersUnavailableAndARepeatCo
 	}
 }
 
-// pushStale pushes the data account's JWT as the broker holds it now, again and again, until
-// the function it returns is called: a signer on the side that keeps the broker from ever
-// holding a later one for long.
-func pushStale(t testing.TB, p *testPlane) (stop func()) {
-	t.Helper()
-	acct, token := heldAccount(t, p)
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = acct.Push(ctx, token) // a push lost to a loaded broker is made again
-			cancel()
-		}
-	}()
-	stop = sync.OnceFunc(func() { close(done); <-stopped })
-	t.Cleanup(stop)
-	return stop
+// laggingBroker is the revocation set's broker with its read-backs replaced, while shown is
+// set, by that account JWT on every server.
+type laggingBroker struct {
+	revocation.Broker
+	mu    sync.Mutex
+	shown string
+}
+
+func (l *laggingBroker) show(token string) {
+	l.mu.Lock()
+	l.shown = token
+	l.mu.Unlock()
+}
+
+func (l *laggingBroker) Lookup(ctx context.Context, n int) ([]string, error) {
+	l.mu.Lock()
+	shown := l.shown
+	l.mu.Unlock()
+	if shown == "" {
+		return l.Broker.Lookup(ctx, n)
+	}
+	return slices.Repeat([]string{shown}, n), nil
 }
 
 // heldAccount returns the data account as the plane's system user reaches it, and the account

@@ -307,11 +307,15 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
 	}
 	p.dataAccount = broker.Account{NC: system, Public: p.keys.Data.Public()}
+	var revoker revocation.Broker = p.dataAccount
+	if p.cfg.Hooks != nil && p.cfg.Hooks.RevocationBroker != nil {
+		revoker = p.cfg.Hooks.RevocationBroker(revoker)
+	}
 	p.revocations = &revocation.Set{
 		Gates:   p.stores.Auth,
 		Account: p.keys.Data.Public(),
 		Sign:    sign,
-		Broker:  p.dataAccount,
+		Broker:  revoker,
 		Now:     p.cfg.Now,
 	}
 	if p.keys.OperatorSigner == nil {
