@@ -86,22 +86,36 @@ func (v view) covers(want map[string]int64) bool {
 
 // Evict waits until the broker lists no connection authenticated with any of keys, or ctx ends,
 // and returns how many of keys it found with none left. Each poll lists the account once for
-// every key still held.
+// every key still held; once one finds none left, a second listing of every key must agree. (A
+// listing is paged per server, and connections that close between two pages move later ones
+// past the next page's start: one listing can miss a connection.)
 func (s *Set) Evict(ctx context.Context, keys []string) int {
 	b := &reach{Broker: s.Broker}
 	if b.count(ctx) != nil {
 		return 0
 	}
-	held := slices.Clone(keys)
-	for attempt := 0; len(held) > 0; attempt++ {
-		if n, err := b.connections(ctx, held); err == nil {
-			held = slices.DeleteFunc(held, func(k string) bool { return n[k] == 0 })
+	held, confirming := slices.Clone(keys), false
+	for attempt := 0; ; attempt++ {
+		ask := held
+		if confirming {
+			ask = keys
 		}
-		if len(held) == 0 || store.Pause(ctx, attempt) != nil {
-			break
+		if n, err := b.connections(ctx, ask); err == nil {
+			left := slices.DeleteFunc(slices.Clone(ask), func(k string) bool { return n[k] == 0 })
+			switch {
+			case len(left) > 0:
+				held, confirming = left, false
+			case confirming:
+				return len(keys)
+			default:
+				held, confirming = nil, true
+				continue // the second listing at once
+			}
+		}
+		if store.Pause(ctx, attempt) != nil {
+			return len(keys) - len(held)
 		}
 	}
-	return len(keys) - len(held)
 }
 
 // reach is the broker as one run of rounds or one Evict sees it: its servers counted once, and

@@ -296,3 +296,46 @@ func TestARecheckSignsTheSetAgainWhenTheBrokerLostIt(t *testing.T) {
 		}
 	})
 }
+
+// listings is a broker whose connection listings are given in turn (the last one repeats).
+type listings struct {
+	noBroker
+	mu    sync.Mutex
+	polls []map[string]int
+	asked int
+}
+
+func (l *listings) Servers(context.Context) (int, error) { return 1, nil }
+
+func (l *listings) Connections(context.Context, []string, int) (map[string]int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.polls[min(l.asked, len(l.polls)-1)]
+	l.asked++
+	return n, nil
+}
+
+// An eviction counts a key gone only once a second listing agrees with the first that found
+// none of them left: one listing can miss a connection that moved between two of its pages.
+func TestAnEvictionCountsAKeyGoneOnlyWhenTwoListingsAgree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &listings{polls: []map[string]int{
+			{"B": 1},  // A gone
+			{},        // B gone too: listed again at once
+			{"A": 1},  // the second listing finds A, which the first missed
+			{},        // none again
+			{},        // and a second listing agrees
+			{"A": 99}, // never asked
+		}}
+		s := &Set{Broker: b}
+		if got := s.Evict(ctx(t), []string{"A", "B"}); got != 2 || b.asked != 5 {
+			t.Fatalf("Evict: %d keys gone after %d listings, want 2 after 5", got, b.asked)
+		}
+		stuck := &listings{polls: []map[string]int{{}, {"A": 1}}}
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if got := (&Set{Broker: stuck}).Evict(c, []string{"A", "B"}); got != 1 {
+			t.Fatalf("Evict with A listed until the deadline: %d keys gone, want 1 (B)", got)
+		}
+	})
+}
