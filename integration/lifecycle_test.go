@@ -275,8 +275,11 @@ func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
 		edit   func(*jetstream.StreamConfig)
 		fields []string
 	}{
-		// The fences of one replica allow direct gets (their one server answers them); a record
-		// stream allows none: its auditors' import carries the API's message get only.
+		// The embedded broker's fences allow direct gets (their one server answers them); those
+		// of a broker the plane does not run allow none (a bucket moved within a cluster gains a
+		// follower for a while), and a record stream allows none (its auditors' import carries
+		// the API's message get only).
+		{"direct reads on the fences of a broker the plane does not run", auth, func(c *jetstream.StreamConfig) { c.AllowDirect = true }, []string{"allow_direct"}},
 		{"direct reads on the audit stream", audit, func(c *jetstream.StreamConfig) { c.AllowDirect = true }, []string{"allow_direct"}},
 		{"purge allowed on the fences", auth, func(c *jetstream.StreamConfig) { c.DenyPurge = false }, []string{"deny_purge"}},
 		{"direct reads and purge on the minted stream", minted, func(c *jetstream.StreamConfig) { c.AllowDirect, c.DenyPurge = true, false }, []string{"allow_direct", "deny_purge"}},
@@ -354,4 +357,24 @@ func TestInitConfigIsAcceptedByNATSServerAndAPlaneServesOnIt(t *testing.T) {
 		t.Errorf("plane on init's material: got data account %s, want %s", got, want)
 	}
 	checkInstances(t, serviceInstances(t, opsConn(t, p, ownerA, "ops")), 2, p.InstanceID(), 0)
+}
+
+// The embedded broker's buckets allow direct gets, as they have one replica on a server of the
+// plane's own, which is no cluster; its record streams allow none.
+func TestTheEmbeddedBrokersBucketsAllowDirectGets(t *testing.T) {
+	t.Parallel()
+	p := startPlane(t, nil)
+	_, js := planeConn(t, p.Keys(), p.NATSURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, spec := range store.Specs(testSpace, store.Options{}) {
+		st, err := js.Stream(ctx, spec.Config.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		if want := spec.Bucket != ""; c.AllowDirect != want || c.Replicas != 1 {
+			t.Errorf("%s: allow_direct %v with %d replicas, want %v with 1", c.Name, c.AllowDirect, c.Replicas, want)
+		}
+	}
 }

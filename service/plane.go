@@ -214,6 +214,8 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		AuditBytes:   cfg.AuditBytes,
 		// The auditors' readers of the minted and audit streams.
 		ReaderConsumers: cfg.AuditorConsumers,
+		// The embedded server is no cluster: a bucket there can have no follower.
+		DirectReads: cfg.NATSURL == "",
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)

@@ -190,8 +190,8 @@ type AuditorRead struct {
 func AuditedStreams(space string) []string { return []string{MintedStream(space), AuditStream(space)} }
 
 // AuditorReads is what docs/PROTOCOL.md lets an auditor do ("What each credential may do"), as imports: for the minted and audit
-// streams, stream info, message gets (the streams allow no direct gets: fences are leader
-// reads), and pull consumers (create, info, pull, ack, delete a consumer: how `nats stream
+// streams, stream info, message gets (the record streams allow no direct gets), and pull
+// consumers (create, info, pull, ack, delete a consumer: how `nats stream
 // view` pages). A consumer's creation goes to the plane, not to JetStream (AuditorConsumers):
 // broker permissions cannot see a consumer's deliver_subject, so the plane refuses a push
 // consumer before JetStream sees it. Nothing that writes, deletes or purges a message, and no

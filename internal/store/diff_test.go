@@ -93,7 +93,7 @@ func TestDiffReportsEachUnsafeField(t *testing.T) {
 }
 
 func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
-	spec := specNamed(t, "KV_"+subjects.AuthBucket("default"), Options{Replicas: 3})
+	spec := specNamed(t, "KV_"+subjects.AuthBucket("default"), Options{})
 	got := spec.Config
 	got.AllowDirect, got.DenyPurge, got.AllowRollup = true, false, true
 	d := strings.Join(Diff(spec, got), "; ")
@@ -104,27 +104,32 @@ func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
 	}
 }
 
-// A bucket of one replica allows direct gets (its one server answers them), and one made
-// without them is no fault (Ensure turns them on); a replicated bucket with them is refused, as
-// is any record stream with them (the auditors' import carries only the API's message get).
-func TestDirectGetsOnlyOnABucketOfOneReplica(t *testing.T) {
-	for _, s := range allSpecs(Options{}) {
+// A bucket of one replica on a lone server (DirectReads) allows direct gets (its one server
+// answers them), and one made without them is no fault (Ensure turns them on). A bucket with
+// them is refused anywhere else: with three replicas, or on a cluster (a moved bucket gains a
+// follower), as is any record stream with them (the auditors' import carries only the API's
+// message get).
+func TestDirectGetsOnlyOnABucketOfOneReplicaOnALoneServer(t *testing.T) {
+	lone := Options{DirectReads: true}
+	for _, s := range allSpecs(lone) {
 		if want := s.Bucket != ""; s.Config.AllowDirect != want {
-			t.Errorf("%s of one replica: got allow_direct %v, want %v", s.Config.Name, s.Config.AllowDirect, want)
+			t.Errorf("%s of one replica on a lone server: got allow_direct %v, want %v", s.Config.Name, s.Config.AllowDirect, want)
 		}
 	}
 	fences := "KV_" + subjects.AuthBucket("default")
-	one := specNamed(t, fences, Options{})
+	one := specNamed(t, fences, lone)
 	without := one.Config
 	without.AllowDirect = false
 	if d := Diff(one, without); len(d) != 0 {
 		t.Errorf("Diff of a bucket of one replica made without direct gets: got %v, want nothing (Ensure allows them)", d)
 	}
-	three := specNamed(t, fences, Options{Replicas: 3})
-	with := three.Config
-	with.AllowDirect = true
-	if d := Diff(three, with); len(d) != 1 || d[0] != "allow_direct is true, want false" {
-		t.Errorf("Diff of a bucket of three replicas with direct gets: got %q, want allow_direct refused", d)
+	for name, o := range map[string]Options{"three replicas": {Replicas: 3, DirectReads: true}, "one replica in a cluster": {}} {
+		spec := specNamed(t, fences, o)
+		with := spec.Config
+		with.AllowDirect = true
+		if d := Diff(spec, with); len(d) != 1 || d[0] != "allow_direct is true, want false" {
+			t.Errorf("Diff of a bucket of %s with direct gets: got %q, want allow_direct refused", name, d)
+		}
 	}
 }
 

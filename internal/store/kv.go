@@ -31,8 +31,9 @@ var (
 
 const codeStoreFailed = 10077
 
-// KV is one bucket. Reads are the leader's: a bucket of one replica allows direct gets, which
-// only its one server answers; a replicated bucket allows none (a follower would answer them).
+// KV is one bucket. Reads are the leader's: a bucket of one replica on a server that is no
+// cluster allows direct gets, which only that server answers; any other allows none (a
+// follower would answer them).
 type KV struct {
 	kv     jetstream.KeyValue
 	stream jetstream.Stream

@@ -42,7 +42,7 @@ func jetStreamBucket(t *testing.T) (bucket, func(string)) {
 	nc, js := embeddedJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	spec := store.Specs("t", store.Options{})[0] // the fence bucket
+	spec := store.Specs("t", store.Options{DirectReads: true})[0] // the fence bucket, on a lone server
 	if err := store.Ensure(ctx, js, []store.Spec{spec}, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
@@ -85,13 +85,14 @@ func embeddedJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
-// A fence bucket of one replica made without direct gets (by a release before them) gets them
-// at the next start, and its reads go to the direct get: the stream's one server answers them.
+// A fence bucket of one replica on a lone server made without direct gets (by a release before
+// them) gets them at the next start, and its reads go to the direct get: the stream's one
+// server answers them.
 func TestEnsureAllowsDirectGetsOnABucketOfOneReplicaMadeWithout(t *testing.T) {
 	nc, js := embeddedJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	spec := store.Specs("t", store.Options{})[0]
+	spec := store.Specs("t", store.Options{DirectReads: true})[0]
 	old := spec.Config
 	old.AllowDirect = false
 	if _, err := js.CreateStream(ctx, old); err != nil {

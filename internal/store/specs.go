@@ -23,6 +23,9 @@ type Options struct {
 	// ReaderConsumers bounds the consumers each of the minted and audit streams holds: its
 	// auditors' readers (the plane itself reads them with no consumer).
 	ReaderConsumers int
+	// DirectReads lets the buckets allow direct gets when they have one replica: for a server
+	// of the plane's own that is no cluster (see directReads).
+	DirectReads bool
 }
 
 // Defaults for Options.
@@ -121,7 +124,7 @@ func Specs(space string, o Options) []Spec {
 			c.DiscardNewPerSubject = true
 		}
 		c = seal(c)
-		c.AllowDirect = directReads(c.Replicas)
+		c.AllowDirect = directReads(o, c.Replicas)
 		return Spec{Bucket: name, Family: f, Rule: rule, Config: c}
 	}
 	stream := func(c jetstream.StreamConfig, rule string) Spec { return logSpec(c, rule, o) }
@@ -193,16 +196,18 @@ func WitnessSpec(space, owner string, o Options) Spec {
 	}, "an owner's witness: no acks (callers publish here), 5 minutes, bounded per owner (--witness-runs, --witness-bytes), oldest dropped", o)
 }
 
-// directReads says whether a bucket of so many replicas allows direct gets: only with one. A
-// direct get is answered by any replica that holds the stream, a follower too, which may not
-// yet have the write the leader acknowledged; a stream of one replica has only the server that
-// acknowledged it. A bucket is read for a fence before every mint, and a direct get costs about
-// a third of what the JetStream API's message get does (no JSON request, no client information
-// decoded by every server, no base64 answer).
-func directReads(replicas int) bool { return replicas == 1 }
+// directReads says whether a bucket of so many replicas allows direct gets: only with one, on
+// a server that is no cluster (o.DirectReads: the plane's embedded one). A direct get is
+// answered by any replica that holds the stream, a follower too, which may not yet have the
+// write the leader acknowledged. A stream of one replica on a lone server has only the server
+// that acknowledged it; in a cluster, even a stream of one replica gains a follower for a while
+// when it is moved (a placement change, a peer removed). A bucket is read for a fence before
+// every mint, and a direct get costs about a third of what the JetStream API's message get
+// does (no JSON request, no client information decoded by every server, no base64 answer).
+func directReads(o Options, replicas int) bool { return o.DirectReads && replicas == 1 }
 
 // seal applies what every stream of the plane has: leader reads, no rollups, no deletes, no
-// purges. (A bucket of one replica then allows direct gets: directReads.)
+// purges. (A bucket of one replica on a lone server then allows direct gets: directReads.)
 func seal(c jetstream.StreamConfig) jetstream.StreamConfig {
 	c.AllowDirect = false
 	c.MirrorDirect = false
