@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,7 +49,7 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 			switch {
 			case errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeCreateStoreFailed:
 				cerr = fmt.Errorf("%w: %w", errCreateRaced, cerr)
-			case errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeNoPeers && strings.Contains(apiErr.Description, "peer offline"):
+			case errors.As(cerr, &apiErr) && apiErr.ErrorCode == codeNoPeers && apiErr.Description == peersOffline:
 				cerr = fmt.Errorf("%w: %w", errPeersOffline, cerr)
 			}
 			return fmt.Errorf("create stream %s: %w", name, cerr)
@@ -202,12 +201,16 @@ const codeCreateStoreFailed = 10049
 // errCreateRaced marks a creation that may have lost a race with another: retried.
 var errCreateRaced = errors.New("stream creation raced")
 
-// codeNoPeers is JetStream's "no suitable peers for placement", with the reasons after it. One
-// of them, "peer offline", is what a cluster that has just formed answers until its meta leader
-// has heard from every server (routes up and a leader elected are not enough): a creation that
-// gets it is retried (errPeersOffline). Every other reason (too little storage, tags, a cluster
-// too small for the replicas) is the cluster's answer.
-const codeNoPeers = 10005
+// codeNoPeers is JetStream's "no suitable peers for placement", with the reasons after it. When
+// the only one is "peer offline" (peersOffline), it is what a cluster that has just formed
+// answers until its meta leader has heard from every server (routes up and a leader elected are
+// not enough): a creation that gets it is retried (errPeersOffline). Any other reason, alone or
+// beside it (too little storage, tags, a cluster too small for the replicas), is the cluster's
+// answer.
+const (
+	codeNoPeers  = 10005
+	peersOffline = "no suitable peers for placement, peer offline"
+)
 
 // errPeersOffline marks a creation that found a replica's server not yet known online: retried.
 var errPeersOffline = errors.New("a server of the cluster is not known online yet")

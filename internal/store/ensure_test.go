@@ -75,6 +75,7 @@ func TestEnsureRetriesACreationWhileAPeerIsNotYetOnline(t *testing.T) {
 		transient   bool
 	}{
 		{"no suitable peers for placement, peer offline", true},
+		{"no suitable peers for placement, peer offline, insufficient storage", false},
 		{"no suitable peers for placement, insufficient storage", false},
 		{"no suitable peers for placement", false},
 	} {
