@@ -29,10 +29,11 @@ type calloutRequest struct {
 // decision starts with most of its time ahead, and the requests it leaves behind are dropped
 // unanswered without costing anything.
 //
-// How many decide at once follows how long decisions take (additive increase, multiplicative
-// decrease): a decision that took CalloutSlow halves the bound, down to CalloutMinInFlight (at
-// most once per CalloutSlow: the decisions of one slow spell end together), and one under half
-// of it raises the bound by one, up to inFlight. A decision waits on store reads, and the
+// How many decide at once follows how long decisions take: a decision that took CalloutSlow
+// halves the bound, down to CalloutMinInFlight (at most once per CalloutSlow: the decisions of
+// one slow spell end together), and one under half of it raises the bound by one, up to
+// inFlight, and starts a worker for a waiting request (so the bound about doubles with each
+// round of quick decisions, as TCP's slow start does). A decision waits on store reads, and the
 // broker serves those in arrival order: with 256 decisions under way in a storm of 5,000 on a
 // three-node cluster, the reads took longer than the decisions' deadline, 19,249 of 20,292
 // answers were refusals and 1,040 connections got in in two minutes; a bound of 32 let them
@@ -118,6 +119,7 @@ func (q *calloutQueue) work(r calloutRequest) {
 func (q *calloutQueue) took(d time.Duration) {
 	q.mu.Lock()
 	var cut uint64
+	var started *calloutRequest
 	now := q.now()
 	switch {
 	case d >= CalloutSlow && q.limit > CalloutMinInFlight && now.Sub(q.cut) >= CalloutSlow:
@@ -127,9 +129,20 @@ func (q *calloutQueue) took(d time.Duration) {
 		cut = q.cuts
 	case d < CalloutSlow/2 && q.limit < q.inFlight:
 		q.limit++
+		if q.busy < q.limit {
+			q.trim(now)
+			if len(q.waiting) > 0 {
+				r := q.pick(now)
+				q.busy++
+				started = &r
+			}
+		}
 	}
 	limit := q.limit
 	q.mu.Unlock()
+	if started != nil {
+		go q.work(*started)
+	}
 	if logs.Sparse(cut) {
 		q.log.Warn("auth callout: decisions are slow (the stores are congested); deciding fewer at once", "took", d, "in_flight", limit)
 	}
@@ -150,6 +163,12 @@ func (q *calloutQueue) next() (calloutRequest, bool) {
 		}
 		return calloutRequest{}, false
 	}
+	return q.pick(now), true
+}
+
+// pick takes the request to decide next off the backlog, which holds one: the oldest, or the
+// newest once the oldest has waited CalloutCongested. It holds q.mu.
+func (q *calloutQueue) pick(now time.Time) calloutRequest {
 	var r calloutRequest
 	if last := len(q.waiting) - 1; now.Sub(q.waiting[0].at) >= CalloutCongested {
 		r, q.waiting[last] = q.waiting[last], calloutRequest{}
@@ -158,5 +177,5 @@ func (q *calloutQueue) next() (calloutRequest, bool) {
 		r, q.waiting[0] = q.waiting[0], calloutRequest{}
 		q.waiting = q.waiting[1:]
 	}
-	return r, true
+	return r
 }

@@ -231,8 +231,8 @@ func TestCalloutQueueDecidesFewerAtOnceWhileDecisionsAreSlow(t *testing.T) {
 	}
 }
 
-// With the bound lowered, no more than it decide at once: the rest wait their turn, and every
-// one is decided once the slow ones finish.
+// With the bound lowered, no more than it decide at once: the rest wait their turn; a quick
+// decision raises it and starts one more, and every one is decided once the slow ones finish.
 func TestCalloutQueueKeepsToTheLoweredBound(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
@@ -253,6 +253,9 @@ func TestCalloutQueueKeepsToTheLoweredBound(t *testing.T) {
 	if busy != CalloutMinInFlight {
 		t.Fatalf("%d deciding at once, want the lowered bound %d", busy, CalloutMinInFlight)
 	}
+	// A quick decision raises the bound by one, and a waiting request starts at once.
+	p.q.took(time.Millisecond)
+	waitUntil(t, "a decision started for the raised bound", func() bool { s, _ := p.snapshot(); return len(s) == CalloutMinInFlight+1 })
 	close(p.release)
 	waitUntil(t, "every request is decided", func() bool { _, s := p.snapshot(); return len(s) == 20 })
 	waitUntil(t, "the workers give their slots up", p.q.idle)
