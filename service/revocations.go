@@ -32,16 +32,19 @@ func (p *Plane) recheckRevocations() {
 				return
 			case <-t.C:
 			}
-			// A recheck that signs again waits for the next second and reads the set back
-			// from every server: it gets the time of a request.
+			// A recheck that signs again waits for a round (the next second, a push, the
+			// set read back from every server): it gets at least the time of a request.
 			rctx, cancel := context.WithTimeout(ctx, max(every, p.cfg.RequestTimeout))
 			reapplied, err := p.revocations.Recheck(rctx)
 			cancel()
 			switch {
-			case err != nil && ctx.Err() == nil:
-				p.log.Warn("the broker's revocations were not checked against the revocation set; checked again in "+every.String(), "err", err)
+			case ctx.Err() != nil:
+			case reapplied && err != nil:
+				p.log.Warn("a server of the broker did not revoke every key of the revocation set (an older account JWT was pushed); signed and pushed the set again, but the broker did not confirm it; checked again in "+every.String(), "err", err)
 			case reapplied:
 				p.log.Warn("a server of the broker did not revoke every key of the revocation set (an older account JWT was pushed); signed and pushed the set again")
+			case err != nil:
+				p.log.Warn("the broker's revocations were not checked against the revocation set; checked again in "+every.String(), "err", err)
 			}
 		}
 	})
