@@ -357,7 +357,6 @@ func (r *rounds) serve(ctx context.Context) {
 	if len(ws) == 0 {
 		return
 	}
-
 	o, token, err := s.addAndSign(ctx, ws, r.last, r.force, r.known)
 	r.known = nil
 	if err == nil || errors.Is(err, errTooSoon) {
@@ -673,7 +672,11 @@ func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read the revocation set: %w", err)
 	}
-	if len(cur.Row.Revoked) == 0 || s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
+	// A key past Keep need not be revoked any more, and the next signing drops it.
+	want := maps.Clone(cur.Row.Revoked)
+	now := s.Now()
+	maps.DeleteFunc(want, func(_ string, at int64) bool { return Forgettable(at, now) })
+	if len(want) == 0 || s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
 		return false, nil
 	}
 	// A reading of its own: the rounds' state is their run's.
@@ -681,10 +684,10 @@ func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if held.covers(cur.Row.Revoked) {
+	if held.covers(want) {
 		return false, nil
 	}
-	w := &waiter{added: true, want: cur.Row.Revoked, done: make(chan struct{})}
+	w := &waiter{added: true, want: want, done: make(chan struct{})}
 	w.deadline, _ = ctx.Deadline()
 	if w.deadline.IsZero() {
 		w.deadline = time.Now().Add(time.Minute)

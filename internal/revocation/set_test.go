@@ -294,6 +294,17 @@ func TestARecheckSignsTheSetAgainWhenTheBrokerLostIt(t *testing.T) {
 		if again, err := s.Recheck(ctx(t)); again || err != nil || len(b.pushed()) != n {
 			t.Fatalf("a recheck with the broker holding the set: got %v, %v, %d pushes more; want nothing done", again, err, len(b.pushed())-n)
 		}
+
+		// Past Keep, no key of the set need be revoked: a broker that lost them all is left so
+		// (the next signing drops them), with nothing signed.
+		if err := b.Push(ctx(t), lost); err != nil {
+			t.Fatal(err)
+		}
+		s.Now = func() time.Time { return time.Now().Add(Keep + time.Minute) }
+		n = len(b.pushed())
+		if again, err := s.Recheck(ctx(t)); again || err != nil || len(b.pushed()) != n {
+			t.Fatalf("a recheck of a set whose keys are past Keep: got %v, %v, %d pushes more; want nothing done", again, err, len(b.pushed())-n)
+		}
 	})
 }
 
