@@ -37,9 +37,9 @@ type calloutRequest struct {
 // broker serves those in arrival order: with 256 decisions under way in a storm of 5,000 on a
 // three-node cluster, the reads took longer than the decisions' deadline, 19,249 of 20,292
 // answers were refusals and 1,040 connections got in in two minutes; a bound of 32 let them
-// all in in 68 s.
-// A bound that stays low would cost the storms the stores keep up with (32 at once halved the
-// rate of a storm of 1,000 on the cluster), so it rises again as decisions speed up.
+// all in in 68 s. A bound that stays low would cost the storms the stores keep up with (32 at
+// once halved the rate of a storm of 1,000 on the cluster), so it rises again as decisions
+// speed up.
 type calloutQueue struct {
 	inFlight, backlog int
 	now               func() time.Time
