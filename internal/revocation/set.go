@@ -206,25 +206,10 @@ type waiter struct {
 // which keys are confirmed and why the others are not. Revokes that run together are served by
 // one round: one add, one signing, one push and one read-back for all of them.
 func (s *Set) Revoke(ctx context.Context, keys []string) (*Outcome, error) {
-	w := &waiter{keys: uniq(keys), done: make(chan struct{})}
-	w.deadline, _ = ctx.Deadline()
-	if w.deadline.IsZero() {
-		w.deadline = time.Now().Add(time.Minute)
-	}
-	s.mu.Lock()
-	s.waiting = append(s.waiting, w)
-	if !s.running {
-		s.running = true
-		go s.run()
-	}
-	s.mu.Unlock()
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-	}
+	w := &waiter{keys: uniq(keys)}
+	s.await(ctx, w)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.close(w)
 	if !w.added {
 		err := w.err
 		if err == nil {
@@ -260,6 +245,30 @@ func (s *Set) Revoke(ctx context.Context, keys []string) (*Outcome, error) {
 		}
 	}
 	return out, nil
+}
+
+// await queues w for the rounds, starting their run if none is under way, and returns once a
+// round closed w or ctx ended (then w is closed); w's fields are read under s.mu.
+func (s *Set) await(ctx context.Context, w *waiter) {
+	w.done = make(chan struct{})
+	w.deadline, _ = ctx.Deadline()
+	if w.deadline.IsZero() {
+		w.deadline = time.Now().Add(time.Minute)
+	}
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+	s.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	s.close(w)
+	s.mu.Unlock()
 }
 
 func uniq(keys []string) []string {
@@ -687,27 +696,12 @@ func (s *Set) Recheck(ctx context.Context) (reapplied bool, err error) {
 	if held.covers(want) {
 		return false, nil
 	}
-	w := &waiter{added: true, want: want, done: make(chan struct{})}
-	w.deadline, _ = ctx.Deadline()
-	if w.deadline.IsZero() {
-		w.deadline = time.Now().Add(time.Minute)
-	}
 	// Its keys are on the set: the round reads the broker back, and signs and pushes the set
 	// again when the broker does not revoke them all (as for an end repeated).
-	s.mu.Lock()
-	s.waiting = append(s.waiting, w)
-	if !s.running {
-		s.running = true
-		go s.run()
-	}
-	s.mu.Unlock()
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-	}
+	w := &waiter{added: true, want: want}
+	s.await(ctx, w)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.close(w)
 	if !w.confirmed {
 		cause := s.lastErr
 		if cause == nil {
