@@ -129,6 +129,18 @@ func (p *Plane) onClose(what string, fn func() error) {
 	p.closers = append(p.closers, closer{what, fn})
 }
 
+// untilClose runs fn on a goroutine of the plane's with a context that Close's step what
+// cancels, and that step waits for fn to return.
+func (p *Plane) untilClose(what string, fn func(ctx context.Context)) {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.bg.Go(func() {
+		defer close(done)
+		fn(ctx)
+	})
+	p.onClose(what, func() error { stop(); <-done; return nil })
+}
+
 // Start brings the plane up in the order docs/OPERATIONS.md ("What it runs") gives; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
 func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {

@@ -20,10 +20,7 @@ func (p *Plane) recheckRevocations() {
 	if p.cfg.Hooks != nil && p.cfg.Hooks.RevocationRecheckEvery > 0 {
 		every = p.cfg.Hooks.RevocationRecheckEvery
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	p.bg.Go(func() {
-		defer close(done)
+	p.untilClose("stop rechecking the broker's revocations", func(ctx context.Context) {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -48,5 +45,4 @@ func (p *Plane) recheckRevocations() {
 			}
 		}
 	})
-	p.onClose("stop rechecking the broker's revocations", func() error { stop(); <-done; return nil })
 }

@@ -48,13 +48,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	recorder.PerMinute, recorder.Summarized = cfg.AuditRecords, p.metrics.Summarized
 	// The record budgets' summaries are flushed until the services have stopped, then once
 	// more (this closer runs after theirs).
-	ctx, stop := context.WithCancel(context.Background())
-	flushed := make(chan struct{})
-	p.bg.Go(func() {
-		defer close(flushed)
-		recorder.Run(ctx)
-	})
-	p.onClose("flush the audit summaries", func() error { stop(); <-flushed; return nil })
+	p.untilClose("flush the audit summaries", recorder.Run)
 	claims := &claim.Claims{KV: p.stores.Auth}
 	// An owner may claim its whole budget at once, and gets it back over the minted records'
 	// retention: in any such window it holds at most twice its budget of new keys' records.

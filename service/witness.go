@@ -19,10 +19,7 @@ func (p *Plane) watchWitnesses() {
 		every = p.cfg.Hooks.WitnessSampleEvery
 	}
 	p.metrics.Witness(p.stores.WitnessOwners, p.stores.WitnessEvicted)
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	p.bg.Go(func() {
-		defer close(done)
+	p.untilClose("stop sampling the witness streams", func(ctx context.Context) {
 		if made, err := p.stores.OpenEveryWitness(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("the witness streams of the owners with instances were not all made; each is made at its managers' next serve credential", "err", err)
 		} else if made > 0 {
@@ -44,5 +41,4 @@ func (p *Plane) watchWitnesses() {
 			}
 		}
 	})
-	p.onClose("stop sampling the witness streams", func() error { stop(); <-done; return nil })
 }
