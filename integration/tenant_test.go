@@ -158,36 +158,111 @@ func TestACrashedEndBlocksANewAssignmentUntilItsRetryCompletes(t *testing.T) {
 	}
 }
 
+// siblingHold is a BeforeCommit that makes two mints meet at the commit: it holds the first
+// mint after arm until another mint reaches the commit too, so that both signed before either
+// committed. A sibling sent to the worker the first one holds waits behind it: after
+// siblingHoldFor, well inside the request deadline, the first one goes on alone (and that
+// sibling is refused before signing).
+type siblingHold struct {
+	mu       sync.Mutex
+	armed    bool
+	held     chan struct{} // closed once the armed mint is held
+	released chan struct{} // closed by the next mint to reach the commit
+}
+
+const siblingHoldFor = 2 * time.Second
+
+// arm makes the next mint to reach the commit wait for a sibling; the channel it returns is
+// closed once that mint is held.
+func (h *siblingHold) arm() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed, h.held, h.released = true, make(chan struct{}), make(chan struct{})
+	return h.held
+}
+
+// disarm holds no mint after all (the one meant to be held was answered before its commit).
+func (h *siblingHold) disarm() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed = false
+}
+
+func (h *siblingHold) hook() {
+	h.mu.Lock()
+	if h.held == nil {
+		h.mu.Unlock()
+		return
+	}
+	if h.armed {
+		h.armed = false
+		held, released := h.held, h.released
+		h.mu.Unlock()
+		close(held)
+		select {
+		case <-released:
+		case <-time.After(siblingHoldFor):
+		}
+		return
+	}
+	select {
+	case <-h.released:
+	default:
+		close(h.released)
+	}
+	h.mu.Unlock()
+}
+
 // TestRacingPreparesLeaveTheQuotaExact: nine first registrations of an owner with a quota of
 // four race, in three groups that each share an executor key, so that at most three win and
-// the others are refused already-exists (before signing, or at their commit). Afterwards the
-// owner's quota counts exactly its live gates: it registers new instances up to four, and the
-// next is refused resource-exhausted. (A prepare discarded at its commit once kept its slot for
-// good, and the fourth registration was refused.)
+// the others are refused already-exists (before signing, or at their commit). In each group
+// the first is held before its commit until a sibling has signed too, so the two meet at the
+// commit and one is discarded there, however loaded the machine. Afterwards the owner's quota
+// counts exactly its live gates: it registers new instances up to four, and the next is
+// refused resource-exhausted. (A prepare discarded at its commit once kept its slot for good,
+// and the fourth registration was refused.)
 func TestRacingPreparesLeaveTheQuotaExact(t *testing.T) {
 	t.Parallel()
-	p := startPlane(t, func(c *service.Config) { c.MaxInstancesPerOwner = 4; c.Rate = 0; c.Workers = 8 })
+	hold := &siblingHold{}
+	p := startPlane(t, func(c *service.Config) {
+		c.MaxInstancesPerOwner = 4
+		c.Rate = 0
+		c.Workers = 32 // a sibling meets the held worker 1 time in 32
+		c.Hooks = &service.Hooks{BeforeCommit: hold.hook}
+	})
 	grant(t, p, ownerA, "cli", "supervise")
 	cli := callerConn(t, p, ownerA, "cli")
 	var racers []*managerKeys
+	var outcomes []outcome
 	for range 3 {
 		first := newManagerKeys(t)
-		racers = append(racers, first)
+		group := []*managerKeys{first}
 		for range 2 {
 			m := newManagerKeys(t)
 			m.keys[subjects.DutyExecutor] = first.keys[subjects.DutyExecutor]
 			m.Identities.Executor.ID = first.Identities.Executor.ID
-			racers = append(racers, m)
+			group = append(group, m)
 		}
+		got := make([]outcome, len(group))
+		ask := func(i int) {
+			got[i] = askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, group[i].body(t, "prepare", "cli"))
+		}
+		held := hold.arm()
+		answered := make(chan struct{})
+		go func() { defer close(answered); ask(0) }()
+		select { // the siblings start while the first waits at its commit
+		case <-held:
+		case <-answered: // answered before its commit: the outcomes below say why
+			hold.disarm()
+		}
+		var wg sync.WaitGroup
+		for i := 1; i < len(group); i++ {
+			wg.Go(func() { ask(i) })
+		}
+		wg.Wait()
+		<-answered
+		racers, outcomes = append(racers, group...), append(outcomes, got...)
 	}
-	outcomes := make([]outcome, len(racers))
-	var wg sync.WaitGroup
-	for i, m := range racers {
-		wg.Go(func() {
-			outcomes[i] = askAsync(cli, ownerA, "cli", subjects.EndpointManagerAuthority, m.body(t, "prepare", "cli"))
-		})
-	}
-	wg.Wait()
 	registered := 0
 	for i, o := range outcomes {
 		switch o.code {
