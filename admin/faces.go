@@ -87,8 +87,8 @@ func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor strin
 }
 
 // closeCalloutConnections kicks the connections the auth callout let in as principal, as a
-// short-lived system-account user, until the broker lists none and until has passed; it
-// returns how many it closed.
+// short-lived system-account user, until the broker lists none (kickUntil) and until has
+// passed; it returns how many it closed.
 func closeCalloutConnections(ctx context.Context, m *space.Keys, natsURL, principal string, until time.Time) (int, error) {
 	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
 	if err != nil {
@@ -108,17 +108,35 @@ func closeCalloutConnections(ctx context.Context, m *space.Keys, natsURL, princi
 	if err != nil {
 		return 0, err
 	}
+	return kickUntil(ctx, acct, principal, n, until)
+}
+
+// kicker lists the connections the callout let in as a principal, and kicks one
+// (broker.Account).
+type kicker interface {
+	CalloutConnections(ctx context.Context, principal string, n int) ([]broker.Connection, error)
+	Kick(ctx context.Context, server string, cid uint64) error
+}
+
+// kickUntil kicks principal's callout connections on the cluster's n servers until two
+// listings in a row after until show none: connections closing while the servers page through
+// a listing shift later ones past the next page's start, so one listing may miss a connection
+// that is still open. It returns how many it closed.
+func kickUntil(ctx context.Context, k kicker, principal string, n int, until time.Time) (int, error) {
 	closed := map[broker.Connection]bool{}
+	quiet := false // the last listing was after until and showed none
 	for {
-		live, err := acct.CalloutConnections(ctx, principal, n)
+		live, err := k.CalloutConnections(ctx, principal, n)
 		if err != nil {
 			return len(closed), err
 		}
-		if len(live) == 0 && !time.Now().Before(until) {
+		settled := len(live) == 0 && !time.Now().Before(until)
+		if settled && quiet {
 			return len(closed), nil
 		}
+		quiet = settled
 		for _, c := range live {
-			if err := acct.Kick(ctx, c.Server, c.CID); err != nil {
+			if err := k.Kick(ctx, c.Server, c.CID); err != nil {
 				return len(closed), err
 			}
 			closed[broker.Connection{Server: c.Server, CID: c.CID}] = true

@@ -12,13 +12,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -321,4 +324,69 @@ func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
 		t.Fatalf("a bearer of the old key, not yet retired: %v", err)
 	}
 	nc.Close()
+}
+
+// The servers' `user` filter lists the auth callout's connection of a principal, and also
+// every JWT user that sent that principal as its user name: here three of them, connected
+// first, fill a page of two and a half. The listing of the callout's connections still finds
+// the agent's one, on the second page, and only it; and revoking the agent closes it. (The
+// listing once read one page: past 1,024 such connections on a server, an agent's revoke
+// kicked nothing and reported every connection of it closed.)
+func TestCalloutConnectionsAreFoundBehindPagesOfOthersThatSentTheirName(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, nil)
+	b := fetchBundle(t, p.PublicURL())
+	principal := subjects.Principal(ownerA, "worker")
+	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth, err := iss.ConnectAs(kp, subjects.Principal(ownerB, fmt.Sprintf("crowd%d", i)), subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(p.NATSURL(), auth, nats.UserInfo(principal, ""), nats.MaxReconnects(0))
+		if err != nil {
+			t.Fatalf("a JWT user sending the name %s: %v", principal, err)
+		}
+		t.Cleanup(nc.Close)
+	}
+	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := exchange(t, p.PublicURL(), map[string]any{"owner": ownerA, "actor": "worker", "actorToken": secret})
+	closed := make(chan struct{})
+	nc, err := bearerConnect(t, b, agent.Token, ownerA, "worker", nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("the agent's bearer: %v", err)
+	}
+	defer nc.Close()
+	cid, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	acct := broker.Account{NC: systemConn(t, p), Public: p.Account(), Page: 2}
+	live, err := acct.CalloutConnections(grantCtx(t), principal, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live) != 1 || live[0].CID != cid || !live[0].Callout || live[0].Principal != principal {
+		t.Fatalf("the callout's connections of %s, a page of two at a time: got %+v, want the agent's (cid %d) alone", principal, live, cid)
+	}
+	if _, err := admin.RevokeAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "worker"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the revoked agent's connection is still open")
+	}
 }

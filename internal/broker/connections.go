@@ -160,7 +160,7 @@ func (a Account) WatchConnections(connected func(Connection), disconnected func(
 	return stop, nil
 }
 
-// listPage is how many connections one server lists in one answer.
+// listPage is how many connections one server lists in one answer, unless Account.Page says.
 const listPage = 1024
 
 // ListConnections lists every client connection of the account on the cluster's n servers,
@@ -168,10 +168,52 @@ const listPage = 1024
 // that did not is missing from the listing, not an error (it may have gone, with its
 // connections). It fails only when no server answered.
 func (a Account) ListConnections(ctx context.Context, n int) ([]Connection, map[string]bool, error) {
+	conns, answered, err := a.list(ctx, n, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list the connections of account %s: %w", a.Public, err)
+	}
+	return conns, answered, nil
+}
+
+// CalloutConnections lists the connections the auth callout authorized as principal on the
+// cluster's n servers, and fails unless all of them answered every page before ctx ended.
+//
+// The servers' `user` filter matches the name the callout gave a connection, but also the
+// user name any JWT user sent beside its JWT: a page can be full of others' connections that
+// sent principal as their name. So every page is read, and only the callout's are kept.
+func (a Account) CalloutConnections(ctx context.Context, principal string, n int) ([]Connection, error) {
+	all, answered, err := a.list(ctx, n, map[string]any{"user": principal})
+	if err == nil && len(answered) < n {
+		err = fmt.Errorf("%d of %d servers answered every page", len(answered), n)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the connections of %s: %w", principal, err)
+	}
+	var conns []Connection
+	for _, c := range all {
+		if c.Callout && c.Principal == principal {
+			conns = append(conns, c)
+		}
+	}
+	return conns, nil
+}
+
+// list lists the account's client connections that filter (CONNZ options) selects, on the
+// cluster's n servers, a page at a time, and says which servers answered every page before
+// ctx ended. It fails only when no server answered.
+func (a Account) list(ctx context.Context, n int, filter map[string]any) ([]Connection, map[string]bool, error) {
+	page := a.Page
+	if page <= 0 {
+		page = listPage
+	}
 	var conns []Connection
 	answered := map[string]bool{}
-	for offset := 0; ; offset += listPage {
-		req, err := json.Marshal(map[string]any{"auth": true, "limit": listPage, "offset": offset})
+	for offset := 0; ; offset += page {
+		opts := map[string]any{"auth": true, "limit": page, "offset": offset}
+		for k, v := range filter {
+			opts[k] = v
+		}
+		req, err := json.Marshal(opts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -204,29 +246,13 @@ func (a Account) ListConnections(ctx context.Context, n int) ([]Connection, map[
 			return len(got) >= n, nil
 		})
 		if err != nil && len(got) == 0 {
-			return nil, nil, fmt.Errorf("list the connections of account %s: %w", a.Public, err)
+			return nil, nil, err
 		}
 		answered = got
 		if !more || err != nil {
 			return conns, answered, nil
 		}
 	}
-}
-
-// CalloutConnections lists the connections the auth callout authorized as principal on the
-// cluster's n servers, and fails unless all of them answered before ctx ended.
-func (a Account) CalloutConnections(ctx context.Context, principal string, n int) ([]Connection, error) {
-	all, err := a.connz(ctx, principal, n)
-	if err != nil {
-		return nil, fmt.Errorf("list the connections of %s: %w", principal, err)
-	}
-	var conns []Connection
-	for _, c := range all {
-		if conn, ok := c.connection(c.server); ok && conn.Callout && conn.Principal == principal {
-			conns = append(conns, conn)
-		}
-	}
-	return conns, nil
 }
 
 // Kick closes connection cid on server. A connection already gone is no error.

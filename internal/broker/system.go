@@ -19,6 +19,8 @@ type Account struct {
 	NC *nats.Conn
 	// Public is the account's public key.
 	Public string
+	// Page is how many connections a server lists in one answer (0: 1024).
+	Page int
 }
 
 // Push sends the account JWT token to every server (PushAccount).
@@ -67,47 +69,6 @@ func (a Account) Connections(ctx context.Context, users []string, n int) (map[st
 		}
 	}
 	return held, nil
-}
-
-// listed is a connection as a server's listing shows it, and that server's id.
-type listed struct {
-	server string
-	clientInfo
-}
-
-// connz lists the account's connections whose listed user is user (the name the servers'
-// listing filters on, at most a page of them per server) on the cluster's n servers, and
-// fails unless all of them answered before ctx ended. The name is the auth callout's for the
-// connections it let in (the server drops what the client sent), and the client's own for a
-// JWT user: callers filter by the callout's names only.
-func (a Account) connz(ctx context.Context, user string, n int) ([]listed, error) {
-	req, err := json.Marshal(map[string]any{"user": user, "auth": true, "limit": listPage})
-	if err != nil {
-		return nil, err
-	}
-	replies, err := gather(ctx, a.NC, subjects.AccountConnz(a.Public), req, n)
-	if err != nil {
-		return nil, err
-	}
-	var out []listed
-	for _, r := range replies {
-		var resp struct {
-			Data *struct {
-				ID    string       `json:"server_id"`
-				Conns []clientInfo `json:"connections"`
-			} `json:"data"`
-			Error *struct {
-				Description string `json:"description"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(r, &resp); err != nil || resp.Error != nil || resp.Data == nil {
-			return nil, fmt.Errorf("answer %q", r)
-		}
-		for _, c := range resp.Data.Conns {
-			out = append(out, listed{resp.Data.ID, c})
-		}
-	}
-	return out, nil
 }
 
 // Servers counts the servers of the cluster: every server answers a ping, and each answer
