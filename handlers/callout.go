@@ -268,7 +268,7 @@ func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string
 		return "", fault.Wrap(fault.Internal, err, "the %s permissions", duty)
 	}
 	issued, err := c.Pipeline.Issue(ctx, issue.Plan{
-		Instance: claim.ServerChosen, // the broker chose the key for this one connection
+		Instance: claim.ServerChosen(claims.Owner), // the broker chose the key for this one connection
 		Request:  about,
 		Grants:   []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
 		Ceiling:  issue.Ceiling{At: claims.Expires, What: "the bearer"},

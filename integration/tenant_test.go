@@ -13,6 +13,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -470,4 +471,41 @@ func TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd(t *testing.T) {
 	if err := impostor.FlushTimeout(5 * time.Second); err != nil {
 		t.Errorf("the other owner's connection: %v, want it up", err)
 	}
+}
+
+// TestAnOwnersCalloutConnectionsCountAgainstItsNewKeys: every connection the auth callout lets
+// in gets a key the broker chose, whose `minted` record stays 48 h in the stream every tenant
+// shares, so each counts against its owner's new keys. An agent that connects and disconnects
+// is refused once its owner's budget is spent, with nothing more recorded, and another owner's
+// agent still connects. (Each such connection was once free: one agent churning its
+// connections filled the minted stream, and every owner's mints then failed.)
+func TestAnOwnersCalloutConnectionsCountAgainstItsNewKeys(t *testing.T) {
+	t.Parallel()
+	const budget = 12
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, func(c *service.Config) { c.NewKeysPerOwner = budget })
+	b := fetchBundle(t, p.PublicURL())
+	churner := agentBearer(t, p, ownerA, "worker")
+	other := agentBearer(t, p, ownerB, "worker")
+	for i := range budget {
+		nc, err := bearerConnect(t, b, churner, ownerA, "worker", nats.MaxReconnects(0))
+		if err != nil {
+			t.Fatalf("connection %d of %d within the owner's new keys: %v", i+1, budget, err)
+		}
+		nc.Close()
+	}
+	before := storeSeqs(t, p)
+	if nc, err := bearerConnect(t, b, churner, ownerA, "worker", nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatalf("connection %d, past the owner's %d new keys, was let in", budget+1, budget)
+	}
+	if n := budgetRefusals(t, p, "new_keys_owner"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the new-keys budget, want 1", n)
+	}
+	wantUnwritten(t, p, "a connection past the owner's new keys", before)
+	nc, err := bearerConnect(t, b, other, ownerB, "worker", nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("another owner's agent: %v", err)
+	}
+	nc.Close()
 }

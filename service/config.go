@@ -86,9 +86,10 @@ type Config struct {
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
 	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
-	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
-	// records' retention (48 h): each claim is for life, and each new key's `minted` record
-	// stays in the stream every tenant shares. In memory: per replica.
+	// re-registration's fresh ones, a run attempt's driver and mediator) or has the broker
+	// choose (the auth callout's user of each connection of the owner's principals) over the
+	// minted records' retention (48 h): each claim is for life, and each new key's `minted`
+	// record stays in the stream every tenant shares. In memory: per replica.
 	NewKeysPerOwner int
 	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
 	// instance already registered (each advances its epoch, and may bring fresh keys). In

@@ -54,7 +54,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.ReservedConnections, "reserved-connections", cfg.ReservedConnections, "of --max-connections, those kept for the plane's own serving users (two per replica)")
 	fs.Int64Var(&cfg.MaxConnectionsPerPrincipal, "max-connections-per-principal", cfg.MaxConnectionsPerPrincipal, "connections one principal may hold in the data account")
 	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
-	fs.IntVar(&cfg.NewKeysPerOwner, "new-keys-per-owner", cfg.NewKeysPerOwner, "user nkeys one owner may claim anew in 48 h (registrations' keys, run drivers and mediators), per replica")
+	fs.IntVar(&cfg.NewKeysPerOwner, "new-keys-per-owner", cfg.NewKeysPerOwner, "user nkeys one owner may claim anew in 48 h (registrations' keys, run drivers and mediators, and the auth callout's users: one per connection), per replica")
 	fs.IntVar(&cfg.ReregistrationsPerInstance, "reregistrations-per-instance", cfg.ReregistrationsPerInstance, "prepares of an already registered instance allowed an hour, per replica")
 	fs.IntVar(&cfg.ReregistrationsPerOwner, "reregistrations-per-owner", cfg.ReregistrationsPerOwner, "prepares of already registered instances one owner may make an hour, per replica")
 	fs.Int64Var(&cfg.WitnessBytes, "witness-bytes", cfg.WitnessBytes, "bytes of each owner's run-start witness stream (its run-starts of the last 5 minutes; its oldest dropped)")

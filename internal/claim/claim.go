@@ -25,10 +25,11 @@ type Instance struct {
 	server    bool
 }
 
-// ServerChosen is what the keys of the auth callout's users belong to: the broker chose each
-// for one connection (the client never names it), so no instance claims it, no end revokes it,
-// and its user expires with its bearer.
-var ServerChosen = Instance{server: true}
+// ServerChosen is what the keys of the auth callout's users of owner belong to: the broker
+// chose each for one connection (the client never names it), so no instance claims it, no end
+// revokes it, and its user expires with its bearer. Each is a new key all the same, with its
+// `minted` record in the stream every tenant shares: it counts against owner's new keys.
+func ServerChosen(owner string) Instance { return Instance{owner: owner, server: true} }
 
 // InstanceOf returns owner's instance iid, or an error if either is off its grammar.
 func InstanceOf(owner, iid string) (Instance, error) {
@@ -50,8 +51,12 @@ func MustInstance(owner, iid string) Instance {
 // ID is the instance id; "" for ServerChosen and the zero Instance.
 func (i Instance) ID() string { return i.id }
 
-// Owner is the owner the instance is registered to; "" for ServerChosen.
+// Owner is the owner the instance is registered to, or whose connections ServerChosen keys
+// are minted for.
 func (i Instance) Owner() string { return i.owner }
+
+// IsServerChosen reports whether i is ServerChosen: its keys are new at every mint.
+func (i Instance) IsServerChosen() bool { return i.server }
 
 // IsZero reports whether i is neither an instance nor ServerChosen.
 func (i Instance) IsZero() bool { return i.id == "" && !i.server }

@@ -217,7 +217,11 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.NewKeys.take(plan.Instance, len(unclaimed)); err != nil {
+	fresh := len(unclaimed)
+	if plan.Instance.IsServerChosen() {
+		fresh = len(keys) // no instance claims a key the broker chose: each is new
+	}
+	if err := p.NewKeys.take(plan.Instance, fresh); err != nil {
 		return nil, err
 	}
 
@@ -363,7 +367,8 @@ func release(ctx context.Context, landed []Step, cause error) error {
 	return errors.Join(errs...)
 }
 
-// KeyBudgets bound how many keys an owner claims anew.
+// KeyBudgets bound how many keys an owner claims anew, or has the broker choose (the auth
+// callout's users): each is one more `minted` record in the stream every tenant shares.
 type KeyBudgets struct {
 	PerOwner *budget.Buckets
 	// Window is what the budget is counted over (the minted records' retention), and Limit
@@ -374,7 +379,7 @@ type KeyBudgets struct {
 
 // take takes n new keys from the budget of in's owner, and refuses past it.
 func (b *KeyBudgets) take(in claim.Instance, n int) error {
-	if b == nil || n == 0 || in.ID() == "" {
+	if b == nil || n == 0 || in.Owner() == "" {
 		return nil
 	}
 	if !b.PerOwner.Take("owner."+in.Owner(), n) {
