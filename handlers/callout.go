@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -210,7 +211,7 @@ func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestCla
 
 // Admitter holds connections to their budgets (conns.Ledger): Admit takes a slot for a
 // connection of principal about to be let in, or refuses it (an error that errors.Is one of
-// the budget's sentinels, conns.ErrPrincipalFull or conns.ErrTenantsFull).
+// the budget's sentinels, conns.ErrPrincipalFull, conns.ErrOwnerFull or conns.ErrTenantsFull).
 type Admitter interface {
 	Admit(principal string) (release func(), err error)
 }
@@ -226,6 +227,10 @@ func (c *Callout) admit(principal string) (release func(), err error) {
 	case errors.Is(err, conns.ErrPrincipalFull):
 		c.refused(conns.BudgetPrincipal)
 		return nil, fault.New(fault.ResourceExhausted, "%s: %s; close one first", principal, err)
+	case errors.Is(err, conns.ErrOwnerFull):
+		c.refused(conns.BudgetOwner)
+		owner, _, _ := strings.Cut(principal, ".")
+		return nil, fault.New(fault.ResourceExhausted, "owner %s: %s; close one first", owner, err)
 	case errors.Is(err, conns.ErrTenantsFull):
 		c.refused(conns.BudgetTenants)
 		return nil, fault.New(fault.ResourceExhausted, "%s; retry later", err)

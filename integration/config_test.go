@@ -36,8 +36,8 @@ func TestServeReportsEveryConfigurationProblemAtOnceAndNoSecret(t *testing.T) {
 		env  []string
 		want []string
 	}{
-		{"bad flags", []string{"--replicas", "2", "--workers", "0", "--space", "Bad Space"}, nil,
-			[]string{"--replicas 2", "--workers 0", `--space "Bad Space"`}},
+		{"bad flags", []string{"--replicas", "2", "--workers", "0", "--space", "Bad Space", "--max-connections-per-owner", "3"}, nil,
+			[]string{"--replicas 2", "--workers 0", `--space "Bad Space"`, "--max-connections-per-owner 3"}},
 		{"bad variables", nil, []string{"AUTHPLANE_REPLICAS=4", "AUTHPLANE_REQUEST_TIMEOUT=soon", "AUTHPLANE_LOG_FORMAT=xml"},
 			[]string{"--replicas 4", `AUTHPLANE_REQUEST_TIMEOUT "soon"`, `--log-format "xml"`}},
 		{"values that do not parse, flags and variables", []string{"--rate", "fast", "--plane-user-ttl=forever"}, []string{"AUTHPLANE_BURST=lots", "AUTHPLANE_MAX_PAYLOAD=1e3x"},

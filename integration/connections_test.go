@@ -329,3 +329,63 @@ func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
 		t.Fatalf("a call after the renewals: got %q %q, want the plane's bad-request", o.code, o.message)
 	}
 }
+
+// One owner's principals together hold at most --max-connections-per-owner: its people, agents
+// and instances' duties are each a principal within its own cap, and one owner once held the
+// whole tenants' share through them, refusing every other owner's bearer. Here an owner's 12
+// connections over three principals stay; its agent's bearer is refused by the callout, a JWT
+// user of a fourth principal is kicked within excessLife, and another owner's agent connects.
+func TestOneOwnerCannotTakeTheTenantsShareThroughManyPrincipals(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner = 40, 4, 4, 12
+		c.Rate = 0
+	})
+	b := fetchBundle(t, p.PublicURL())
+	for i := range 3 {
+		actor := fmt.Sprintf("tool%d", i)
+		creds := writeCallerCreds(t, p.Keys(), ownerA, actor)
+		for range 4 {
+			connectCreds(t, p.NATSURL(), creds, ownerA, actor)
+		}
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := sample(scrape(t, p.HTTPURL()), "authplane_data_connections", map[string]string{"who": "tenants"}); n != 12 {
+			return fmt.Errorf("the plane counts %v tenants' connections, want the owner's 12", n)
+		}
+		return nil
+	})
+	if nc, err := bearerConnect(t, b, agentBearer(t, p, ownerA, "worker"), ownerA, "worker"); err == nil {
+		nc.Close()
+		t.Fatalf("a 13th connection of owner %s, its agent's first, was let in", ownerA)
+	}
+	closed := make(chan struct{})
+	opened := time.Now()
+	nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(writeCallerCreds(t, p.Keys(), ownerA, "tool3")), nats.NoReconnect(),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err == nil {
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			nc.Close()
+			t.Fatalf("a 13th connection of owner %s, a JWT user's, is still open after 10 s", ownerA)
+		}
+	} else if !errors.Is(err, io.EOF) {
+		t.Fatalf("a JWT user past its owner's cap: %v, want it to connect and then be kicked", err)
+	}
+	if life := time.Since(opened); life > excessLife+time.Second {
+		t.Errorf("the JWT user past its owner's cap lived %s, want it kicked within %s", life, excessLife)
+	}
+	other, err := bearerConnect(t, b, agentBearer(t, p, ownerB, "worker"), ownerB, "worker")
+	if err != nil {
+		t.Fatalf("another owner's agent: %v", err)
+	}
+	other.Close()
+	families := scrape(t, p.HTTPURL())
+	for _, by := range []string{"callout", "kick"} {
+		if n := sample(families, "authplane_connections_refused_total", map[string]string{"budget": "owner", "by": by}); n != 1 {
+			t.Errorf("authplane_connections_refused_total{budget=owner,by=%s}: got %v, want 1", by, n)
+		}
+	}
+}

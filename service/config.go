@@ -103,11 +103,13 @@ type Config struct {
 	MaxConnections   int64
 	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
 	// replica while one renews): tenants together hold at most MaxConnections less these.
-	// MaxConnectionsPerPrincipal bounds one principal's connections. Both hold per space: every
-	// replica sees every server's connect events, refuses a bearer user past them at the auth
-	// callout and kicks a JWT user past them once it has connected.
+	// MaxConnectionsPerPrincipal bounds one principal's connections, MaxConnectionsPerOwner
+	// one owner's over all its principals (its instances' duties, runs, people and agents).
+	// Each holds per space: every replica sees every server's connect events, refuses a bearer
+	// user past them at the auth callout and kicks a JWT user past them once it has connected.
 	ReservedConnections        int64
 	MaxConnectionsPerPrincipal int64
+	MaxConnectionsPerOwner     int64
 
 	// WitnessBytes and WitnessRuns bound each owner's witness stream: its run-starts of the
 	// last five minutes, in bytes and in count (per space: the stream is in the store).
@@ -187,6 +189,11 @@ const DefaultReservedConnections = 8
 // each, a person's tools a few.
 const DefaultMaxConnectionsPerPrincipal = 64
 
+// DefaultMaxConnectionsPerOwner is how many connections one owner's principals may hold
+// together unless --max-connections-per-owner says otherwise: a tenth of the default
+// --max-connections, so one owner's fleet leaves the others nine tenths.
+const DefaultMaxConnectionsPerOwner = 1000
+
 // Defaults returns the configuration `authplane serve` starts from.
 func Defaults() Config {
 	return Config{
@@ -226,6 +233,7 @@ func Defaults() Config {
 		// The connection budgets (internal/conns).
 		ReservedConnections:        DefaultReservedConnections,
 		MaxConnectionsPerPrincipal: DefaultMaxConnectionsPerPrincipal,
+		MaxConnectionsPerOwner:     DefaultMaxConnectionsPerOwner,
 	}
 }
 
@@ -308,6 +316,8 @@ func (c Config) Validate() error {
 		bad("--reserved-connections %d: want 2 (one replica renewing its serving user) to less than --max-connections (%d)", c.ReservedConnections, c.MaxConnections)
 	} else if c.MaxConnectionsPerPrincipal < 1 || c.MaxConnectionsPerPrincipal > c.MaxConnections-c.ReservedConnections {
 		bad("--max-connections-per-principal %d: want 1 to --max-connections less --reserved-connections (%d)", c.MaxConnectionsPerPrincipal, c.MaxConnections-c.ReservedConnections)
+	} else if c.MaxConnectionsPerOwner < c.MaxConnectionsPerPrincipal || c.MaxConnectionsPerOwner > 10_000_000 {
+		bad("--max-connections-per-owner %d: want --max-connections-per-principal (%d) to 10000000", c.MaxConnectionsPerOwner, c.MaxConnectionsPerPrincipal)
 	}
 	if c.WitnessBytes < 1<<20 || c.WitnessBytes < c.MaxPayload+witnessMargin {
 		// One run-start of the largest payload a caller may publish, with its subject, fits.

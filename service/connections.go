@@ -27,6 +27,7 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 	cfg := p.cfg
 	p.conns = conns.New(conns.Budgets{
 		PerPrincipal: int(cfg.MaxConnectionsPerPrincipal),
+		PerOwner:     int(cfg.MaxConnectionsPerOwner),
 		Tenants:      int(cfg.MaxConnections - cfg.ReservedConnections),
 		Reserved:     int(cfg.ReservedConnections),
 	}, cfg.Now)

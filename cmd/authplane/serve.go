@@ -53,6 +53,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "connections of the data account (every minted user's, the plane's serving ones included)")
 	fs.Int64Var(&cfg.ReservedConnections, "reserved-connections", cfg.ReservedConnections, "of --max-connections, those kept for the plane's own serving users (two per replica)")
 	fs.Int64Var(&cfg.MaxConnectionsPerPrincipal, "max-connections-per-principal", cfg.MaxConnectionsPerPrincipal, "connections one principal may hold in the data account")
+	fs.Int64Var(&cfg.MaxConnectionsPerOwner, "max-connections-per-owner", cfg.MaxConnectionsPerOwner, "connections one owner's principals may hold together in the data account")
 	fs.IntVar(&cfg.MaxInstancesPerOwner, "max-instances-per-owner", cfg.MaxInstancesPerOwner, "live (non-retired) manager instances one owner may register")
 	fs.IntVar(&cfg.NewKeysPerOwner, "new-keys-per-owner", cfg.NewKeysPerOwner, "user nkeys one owner may claim anew in 48 h (registrations' keys, run drivers and mediators, and the auth callout's users: one per connection), per replica")
 	fs.IntVar(&cfg.ReregistrationsPerInstance, "reregistrations-per-instance", cfg.ReregistrationsPerInstance, "prepares of an already registered instance allowed an hour, per replica")

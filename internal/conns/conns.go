@@ -1,6 +1,7 @@
 // Package conns keeps the data account's connections to their budgets: each principal's cap,
-// and the tenants' share of the account's limit, the rest being the plane's reserve for its own
-// serving users. The broker knows no per-user connection limit, so the count is the plane's,
+// each owner's (over all its principals: its instances' duties, its runs, its people and
+// agents), and the tenants' share of the account's limit, the rest being the plane's reserve
+// for its own serving users. The broker knows no per-user connection limit, so the count is the plane's,
 // in memory, from the servers' connect and disconnect events, put right by a listing now and
 // then. A bearer user is refused before it connects (the auth callout asks Admit); a JWT user,
 // which the broker lets in on its JWT alone, is kicked once its connect event arrives.
@@ -21,12 +22,14 @@ import (
 // The budgets a refusal or a kick names, as the metrics label them.
 const (
 	BudgetPrincipal = "principal"
+	BudgetOwner     = "owner"
 	BudgetTenants   = "tenants"
 )
 
 // Refusals of Admit. Test them with errors.Is.
 var (
 	ErrPrincipalFull = errors.New("the principal's connection cap is reached")
+	ErrOwnerFull     = errors.New("the owner's connection cap is reached")
 	ErrTenantsFull   = errors.New("the tenants' share of the data account's connections is reached")
 )
 
@@ -34,6 +37,9 @@ var (
 type Budgets struct {
 	// PerPrincipal bounds one principal's connections.
 	PerPrincipal int
+	// PerOwner bounds one owner's connections, every principal of it together (0: as many as
+	// Tenants).
+	PerOwner int
 	// Tenants bounds every principal's connections together: the account's limit less the
 	// plane's reserve.
 	Tenants int
@@ -62,8 +68,24 @@ type conn struct {
 
 // holder is one principal's connections, oldest first, and how many are not kicked.
 type holder struct {
+	owner *owned
 	conns []*conn
 	live  int
+}
+
+// owned is one owner's principals that hold connections, and how many of their live ones
+// count: each principal's up to its cap.
+type owned struct {
+	name    string
+	holders map[string]*holder
+	capped  int
+}
+
+// ownerOf is the owner of principal (`<owner>.<actor>`: owners have no dot); a name with no
+// dot is its own.
+func ownerOf(principal string) string {
+	owner, _, _ := strings.Cut(principal, ".")
+	return owner
 }
 
 // pending is a slot Admit gave a bearer user that has not connected yet.
@@ -82,24 +104,29 @@ type Ledger struct {
 	mu      sync.Mutex
 	conns   map[key]*conn
 	holders map[string]*holder
+	owners  map[string]*owned
 	// capped is the tenants' connections against their budget: each principal's live ones up
-	// to its cap, so a principal's excess, kicked soon, never pushes another's connection out.
-	// live is all of them.
+	// to its cap, and each owner's of those up to its cap, so a principal's or an owner's
+	// excess, kicked soon, never pushes another's connection out. live is all of them.
 	capped, live int
 	plane        map[key]time.Time // the plane's own, and when each was seen
 	overReserve  bool
 	// gone are the disconnects heard, so a listing taken before one does not bring it back.
 	gone map[key]time.Time
 	// pending, oldest first (every slot waits PendingFor), and per principal.
-	pending   []*pending
-	pendingOf map[string][]*pending
-	nPending  int
+	pending      []*pending
+	pendingOf    map[string][]*pending
+	pendingOwner map[string]int
+	nPending     int
 }
 
 // New returns an empty ledger holding connections to b, on clock now.
 func New(b Budgets, now func() time.Time) *Ledger {
-	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, plane: map[key]time.Time{},
-		gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}}
+	if b.PerOwner <= 0 {
+		b.PerOwner = b.Tenants
+	}
+	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, owners: map[string]*owned{},
+		plane: map[key]time.Time{}, gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}, pendingOwner: map[string]int{}}
 }
 
 // Kick is a connection to close and the budget it is past.
@@ -109,7 +136,7 @@ type Kick struct {
 }
 
 // Admit takes a slot for a connection of principal that the auth callout is about to let in,
-// or refuses it past either budget. The slot is the principal's until its connect event
+// or refuses it past any of its budgets. The slot is the principal's until its connect event
 // arrives or PendingFor has passed; release gives it back at once, for an answer that was not
 // sent.
 func (l *Ledger) Admit(principal string) (release func(), err error) {
@@ -117,19 +144,26 @@ func (l *Ledger) Admit(principal string) (release func(), err error) {
 	defer l.mu.Unlock()
 	now := l.now()
 	l.expire(now)
-	held := len(l.pendingOf[principal])
+	owner := ownerOf(principal)
+	held, heldByOwner := len(l.pendingOf[principal]), l.pendingOwner[owner]
 	if h := l.holders[principal]; h != nil {
 		held += h.live
+	}
+	if o := l.owners[owner]; o != nil {
+		heldByOwner += o.capped
 	}
 	switch {
 	case held >= l.budgets.PerPrincipal:
 		return nil, fmt.Errorf("%w (%d of %d)", ErrPrincipalFull, held, l.budgets.PerPrincipal)
+	case heldByOwner >= l.budgets.PerOwner:
+		return nil, fmt.Errorf("%w (%d of %d)", ErrOwnerFull, heldByOwner, l.budgets.PerOwner)
 	case l.capped+l.nPending >= l.budgets.Tenants:
 		return nil, fmt.Errorf("%w (%d)", ErrTenantsFull, l.budgets.Tenants)
 	}
 	p := &pending{principal: principal, until: now.Add(PendingFor)}
 	l.pending = append(l.pending, p)
 	l.pendingOf[principal] = append(l.pendingOf[principal], p)
+	l.pendingOwner[owner]++
 	l.nPending++
 	return func() {
 		l.mu.Lock()
@@ -145,6 +179,11 @@ func (l *Ledger) settle(p *pending) {
 	}
 	p.done = true
 	l.nPending--
+	if owner := ownerOf(p.principal); l.pendingOwner[owner] <= 1 {
+		delete(l.pendingOwner, owner)
+	} else {
+		l.pendingOwner[owner]--
+	}
 	q := slices.DeleteFunc(l.pendingOf[p.principal], func(x *pending) bool { return x == p })
 	if len(q) == 0 {
 		delete(l.pendingOf, p.principal)
@@ -181,14 +220,17 @@ func (l *Ledger) setKicked(c *conn, kicked bool) {
 
 // count adds d to h's live connections and the totals.
 func (l *Ledger) count(h *holder, d int) {
-	before := min(h.live, l.budgets.PerPrincipal)
+	o := h.owner
+	before, ownerBefore := min(h.live, l.budgets.PerPrincipal), min(o.capped, l.budgets.PerOwner)
 	h.live += d
 	l.live += d
-	l.capped += min(h.live, l.budgets.PerPrincipal) - before
+	o.capped += min(h.live, l.budgets.PerPrincipal) - before
+	l.capped += min(o.capped, l.budgets.PerOwner) - ownerBefore
 }
 
 // Connected records a connection from its connect event and returns what to kick: the
-// principal's newest past its cap, or this one past the tenants' budget.
+// principal's newest past its cap, its owner's newest past the owner's, or this one past the
+// tenants' budget.
 func (l *Ledger) Connected(c broker.Connection) []Kick {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -209,6 +251,7 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 	}
 	l.connectedSlot(c)
 	kicks := l.enforce(c.Principal)
+	kicks = append(kicks, l.enforceOwner(l.holders[c.Principal].owner)...)
 	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
 		l.setKicked(nc, true)
 		kicks = append(kicks, Kick{c, BudgetTenants})
@@ -239,8 +282,15 @@ func (l *Ledger) add(c broker.Connection, now time.Time) bool {
 	l.conns[k] = nc
 	h := l.holders[c.Principal]
 	if h == nil {
-		h = &holder{}
+		name := ownerOf(c.Principal)
+		o := l.owners[name]
+		if o == nil {
+			o = &owned{name: name, holders: map[string]*holder{}}
+			l.owners[name] = o
+		}
+		h = &holder{owner: o}
 		l.holders[c.Principal] = h
+		o.holders[c.Principal] = h
 	}
 	h.conns = append(h.conns, nc)
 	slices.SortStableFunc(h.conns, func(a, b *conn) int { return a.Start.Compare(b.Start) })
@@ -263,6 +313,10 @@ func (l *Ledger) remove(k key) {
 	h.conns = slices.DeleteFunc(h.conns, func(x *conn) bool { return x == c })
 	if len(h.conns) == 0 {
 		delete(l.holders, c.Principal)
+		delete(h.owner.holders, c.Principal)
+		if len(h.owner.holders) == 0 {
+			delete(l.owners, h.owner.name)
+		}
 	}
 }
 
@@ -275,6 +329,38 @@ func (l *Ledger) enforce(principal string) []Kick {
 			l.setKicked(c, true)
 			kicks = append(kicks, Kick{c.Connection, BudgetPrincipal})
 		}
+	}
+	return kicks
+}
+
+// enforceOwner marks kicked, and returns, o's newest connections past its cap, of whichever
+// of its principals. Each principal is within its own cap already, so every kick counts.
+func (l *Ledger) enforceOwner(o *owned) []Kick {
+	if o.capped <= l.budgets.PerOwner {
+		return nil
+	}
+	var live []*conn
+	for _, h := range o.holders {
+		for _, c := range h.conns {
+			if !c.kicked {
+				live = append(live, c)
+			}
+		}
+	}
+	return l.kickNewest(live, func() bool { return o.capped > l.budgets.PerOwner }, BudgetOwner)
+}
+
+// kickNewest marks kicked, and returns, the newest of live while over says they are past
+// budget.
+func (l *Ledger) kickNewest(live []*conn, over func() bool, budget string) []Kick {
+	slices.SortFunc(live, func(a, b *conn) int { return b.Start.Compare(a.Start) })
+	var kicks []Kick
+	for _, c := range live {
+		if !over() {
+			break
+		}
+		l.setKicked(c, true)
+		kicks = append(kicks, Kick{c.Connection, budget})
 	}
 	return kicks
 }
@@ -298,8 +384,8 @@ func (l *Ledger) KickFailed(c broker.Connection) {
 }
 
 // Reconcile puts the ledger right with a listing of the account's connections asked for at
-// asked, and returns what to kick: every principal's newest past its cap, then the newest
-// tenants' past their budget. A connection the ledger learnt of before asked that the listing
+// asked, and returns what to kick: every principal's newest past its cap, every owner's newest
+// past its cap, then the newest tenants' past their budget. A connection the ledger learnt of before asked that the listing
 // lacks is gone (its disconnect event was lost, or its server went); one the listing has that
 // the ledger lacks is added unless its disconnect was heard; one kicked before asked that is
 // still listed is kicked again.
@@ -342,6 +428,9 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 	for p := range l.holders {
 		kicks = append(kicks, l.enforce(p)...)
 	}
+	for _, o := range l.owners {
+		kicks = append(kicks, l.enforceOwner(o)...)
+	}
 	if l.capped > l.budgets.Tenants {
 		var all []*conn
 		for _, c := range l.conns {
@@ -349,14 +438,7 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 				all = append(all, c)
 			}
 		}
-		slices.SortFunc(all, func(a, b *conn) int { return b.Start.Compare(a.Start) })
-		for _, c := range all {
-			if l.capped <= l.budgets.Tenants {
-				break
-			}
-			l.setKicked(c, true)
-			kicks = append(kicks, Kick{c.Connection, BudgetTenants})
-		}
+		kicks = append(kicks, l.kickNewest(all, func() bool { return l.capped > l.budgets.Tenants }, BudgetTenants)...)
 	}
 	return kicks
 }

@@ -204,6 +204,48 @@ func TestAListedCalloutConnectionEndsItsSlot(t *testing.T) {
 	}
 }
 
+// An owner's principals together hold at most its cap: the callout refuses a slot past it,
+// a JWT user past it loses the owner's newest connection (whichever principal's), a principal's
+// excess counts for neither, and another owner still connects. (One owner once held the whole
+// tenants' share through many principals, each within its cap.)
+func TestAnOwnersPrincipalsTogetherHoldAtMostItsCap(t *testing.T) {
+	c := &clock{now: t0}
+	l := New(Budgets{PerPrincipal: 2, PerOwner: 3, Tenants: 10, Reserved: 2}, c.Now)
+	want := func(what string, got, want []string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: got kicks %v, want %v", what, got, want)
+		}
+	}
+	want("o.a#1", cids(l.Connected(jwtConn("o.a", 1))), nil)
+	want("o.a#2", cids(l.Connected(jwtConn("o.a", 2))), nil)
+	want("o.a#3, past o.a's cap", cids(l.Connected(jwtConn("o.a", 3))), []string{"o.a#3:principal"})
+	want("o.b#4, o's third", cids(l.Connected(jwtConn("o.b", 4))), nil)
+	if _, err := l.Admit("o.c"); !errors.Is(err, ErrOwnerFull) {
+		t.Fatalf("a slot for o's fourth connection: got %v, want ErrOwnerFull", err)
+	}
+	want("o.c#5, past o's cap", cids(l.Connected(jwtConn("o.c", 5))), []string{"o.c#5:owner"})
+	// An older connection heard late still leaves the owner its oldest three.
+	want("o.d#0, older than every other", cids(l.Connected(jwtConn("o.d", 0))), []string{"o.b#4:owner"})
+	if _, err := l.Admit("p.a"); err != nil {
+		t.Fatalf("another owner's slot: %v", err)
+	}
+	want("p.a#6", cids(l.Connected(calloutConn("p.a", 6))), nil)
+	if got := l.Counts().Tenants; got != 4 {
+		t.Fatalf("tenants: got %d, want o's three and p's one", got)
+	}
+	// A disconnect gives the owner a slot back.
+	l.Disconnected("s1", 1)
+	if _, err := l.Admit("o.c"); err != nil {
+		t.Fatalf("o's slot after one of its connections closed: %v", err)
+	}
+	// A listing finds o over its cap (events lost): its newest go.
+	c.now = c.now.Add(time.Second)
+	asked := c.now
+	kicks := l.Reconcile(asked, []broker.Connection{jwtConn("o.a", 2), jwtConn("o.d", 0), jwtConn("o.e", 7), jwtConn("o.e", 8), jwtConn("p.a", 6)})
+	want("the listing", cids(kicks), []string{"o.e#8:owner"})
+}
+
 // BenchmarkAdmitConnectDisconnect is the ledger's cost of one bearer connection's life in a
 // space of 10,000 connections over 5,000 principals: the callout's Admit, then its connect and
 // disconnect events.

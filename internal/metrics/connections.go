@@ -36,7 +36,7 @@ func (m *Metrics) connectionMetrics() *connections {
 		m.conn = &connections{
 			refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "authplane_connections_refused_total",
-				Help: "Connections of the data account refused past a budget (principal: its cap; tenants: the account less the plane's reserve), by the auth callout before they connect or by a kick after.",
+				Help: "Connections of the data account refused past a budget (principal: its cap; owner: its principals' cap together; tenants: the account less the plane's reserve), by the auth callout before they connect or by a kick after.",
 			}, []string{"budget", "by"}),
 			renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "authplane_plane_user_renewals_failed_total",
@@ -48,8 +48,8 @@ func (m *Metrics) connectionMetrics() *connections {
 	return m.conn
 }
 
-// ConnectionRefused counts one connection refused past budget (conns.BudgetPrincipal or
-// conns.BudgetTenants) by "callout" or "kick".
+// ConnectionRefused counts one connection refused past budget (conns.BudgetPrincipal,
+// conns.BudgetOwner or conns.BudgetTenants) by "callout" or "kick".
 func (m *Metrics) ConnectionRefused(budget, by string) {
 	if m != nil {
 		m.connectionMetrics().refused.WithLabelValues(budget, by).Inc()
