@@ -473,39 +473,53 @@ func TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd(t *testing.T) {
 	}
 }
 
-// TestAnOwnersCalloutConnectionsCountAgainstItsNewKeys: every connection the auth callout lets
+// TestAnOwnersCalloutConnectionsAreBoundedABearersLife: every connection the auth callout lets
 // in gets a key the broker chose, whose `minted` record stays 48 h in the stream every tenant
-// shares, so each counts against its owner's new keys. An agent that connects and disconnects
-// is refused once its owner's budget is spent, with nothing more recorded, and another owner's
-// agent still connects. (Each such connection was once free: one agent churning its
-// connections filled the minted stream, and every owner's mints then failed.)
-func TestAnOwnersCalloutConnectionsCountAgainstItsNewKeys(t *testing.T) {
+// shares. An owner may have as many chosen a bearer's life as it may hold connections
+// (--max-connections-per-owner), so each can connect again with every new bearer, and no
+// more: an agent that connects and disconnects is refused past that, with nothing written and
+// without touching its owner's --new-keys-per-owner, and another owner's agent still connects.
+// (Each such connection was once free: one agent churning its connections filled the minted
+// stream, and every owner's mints then failed.)
+func TestAnOwnersCalloutConnectionsAreBoundedABearersLife(t *testing.T) {
 	t.Parallel()
-	const budget = 12
+	const perOwner = 12
 	ip := idptest.New(t)
-	p := startFacesPlane(t, ip, func(c *service.Config) { c.NewKeysPerOwner = budget })
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner, c.NewKeysPerOwner = 4, perOwner, 10
+	})
 	b := fetchBundle(t, p.PublicURL())
 	churner := agentBearer(t, p, ownerA, "worker")
 	other := agentBearer(t, p, ownerB, "worker")
-	for i := range budget {
+	closedAll := func() error {
+		if n := sample(scrape(t, p.HTTPURL()), "authplane_data_connections", map[string]string{"who": "tenants"}); n != 0 {
+			return fmt.Errorf("the plane counts %v tenants' connections, want them all closed", n)
+		}
+		return nil
+	}
+	for i := range perOwner {
 		nc, err := bearerConnect(t, b, churner, ownerA, "worker", nats.MaxReconnects(0))
 		if err != nil {
-			t.Fatalf("connection %d of %d within the owner's new keys: %v", i+1, budget, err)
+			t.Fatalf("connection %d of %d a bearer's life: %v", i+1, perOwner, err)
 		}
 		nc.Close()
+		checkFor(t, 5*time.Second, 10*time.Millisecond, closedAll) // not held to the connection cap
 	}
 	before := storeSeqs(t, p)
 	if nc, err := bearerConnect(t, b, churner, ownerA, "worker", nats.MaxReconnects(0)); err == nil {
 		nc.Close()
-		t.Fatalf("connection %d, past the owner's %d new keys, was let in", budget+1, budget)
+		t.Fatalf("connection %d in a bearer's life, past the owner's %d, was let in", perOwner+1, perOwner)
 	}
-	if n := budgetRefusals(t, p, "new_keys_owner"); n != 1 {
-		t.Errorf("the metric counts %v refusals of the new-keys budget, want 1", n)
+	if n := budgetRefusals(t, p, "connection_keys_owner"); n != 1 {
+		t.Errorf("the metric counts %v refusals of the connection keys' budget, want 1", n)
 	}
-	wantUnwritten(t, p, "a connection past the owner's new keys", before)
+	wantUnwritten(t, p, "a connection past the owner's keys a bearer's life", before)
 	nc, err := bearerConnect(t, b, other, ownerB, "worker", nats.MaxReconnects(0))
 	if err != nil {
 		t.Fatalf("another owner's agent: %v", err)
 	}
 	nc.Close()
+	// The owner's new keys (10) were never touched: it still registers an instance (5).
+	grant(t, p, ownerA, "cli", "supervise")
+	registered(t, callerConn(t, p, ownerA, "cli"), ownerA, "cli", newManagerKeys(t))
 }

@@ -86,10 +86,9 @@ type Config struct {
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
 	MaxInstancesPerOwner int
 	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
-	// re-registration's fresh ones, a run attempt's driver and mediator) or has the broker
-	// choose (the auth callout's user of each connection of the owner's principals) over the
-	// minted records' retention (48 h): each claim is for life, and each new key's `minted`
-	// record stays in the stream every tenant shares. In memory: per replica.
+	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
+	// records' retention (48 h): each claim is for life, and each new key's `minted` record
+	// stays in the stream every tenant shares. In memory: per replica.
 	NewKeysPerOwner int
 	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
 	// instance already registered (each advances its epoch, and may bring fresh keys). In
@@ -104,7 +103,9 @@ type Config struct {
 	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
 	// replica while one renews): tenants together hold at most MaxConnections less these.
 	// MaxConnectionsPerPrincipal bounds one principal's connections, MaxConnectionsPerOwner
-	// one owner's over all its principals (its instances' duties, runs, people and agents).
+	// one owner's over all its principals (its instances' duties, runs, people and agents), and
+	// also how many the auth callout lets in for the owner a bearer's life (each a key the
+	// broker chose, with its `minted` record; in memory, per replica).
 	// Each holds per space: every replica sees every server's connect events, refuses a bearer
 	// user past them at the auth callout and kicks a JWT user past them once it has connected.
 	ReservedConnections        int64

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
@@ -52,9 +53,14 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	claims := &claim.Claims{KV: p.stores.Auth}
 	// An owner may claim its whole budget at once, and gets it back over the minted records'
 	// retention: in any such window it holds at most twice its budget of new keys' records.
+	// The callout's users each get a key the broker chose: as many a bearer's life as the
+	// owner may hold connections, so each can connect again with every new bearer.
+	bearerLife := bearer.MaxTTL + bearer.Skew
 	newKeys := &issue.KeyBudgets{
 		PerOwner: budget.New(float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner, cfg.Now),
 		Window:   store.MintedMaxAge, Limit: cfg.NewKeysPerOwner,
+		PerOwnerConnections: budget.New(float64(cfg.MaxConnectionsPerOwner)/bearerLife.Seconds(), int(cfg.MaxConnectionsPerOwner), cfg.Now),
+		ConnectionsWindow:   bearerLife, ConnectionsLimit: int(cfg.MaxConnectionsPerOwner),
 	}
 	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, NewKeys: newKeys, Now: cfg.Now, Fenced: p.fenced.Load,
 		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}

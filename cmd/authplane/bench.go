@@ -101,6 +101,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	cfg.Rate = 0
 	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
 	cfg.NewKeysPerOwner = 10_000_000
+	cfg.MaxConnectionsPerOwner = cfg.MaxConnections - cfg.ReservedConnections
 	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
 	// The plane logs every mint as it does in production; the lines are formatted and dropped.
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -240,7 +240,9 @@ func (a Account) list(ctx context.Context, n int, filter map[string]any) ([]Conn
 					conns = append(conns, conn)
 				}
 			}
-			if offset+d.Num < d.Total {
+			// Total counts the server's every connection of the account, whatever the filter
+			// matched: a page that is not full was its last.
+			if d.Num == page && offset+d.Num < d.Total {
 				more = true
 			}
 			return len(got) >= n, nil

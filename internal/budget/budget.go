@@ -78,9 +78,12 @@ const (
 	ReregistrationsOwner    = "reregistrations_owner"
 	// NewKeysOwner: keys an owner claims anew over the minted records' retention.
 	NewKeysOwner = "new_keys_owner"
+	// ConnectionKeysOwner: the auth callout's users of an owner's connections, each a key the
+	// broker chose, over a bearer's life.
+	ConnectionKeysOwner = "connection_keys_owner"
 	// PendingRegistrations: an owner's first registrations in flight at once.
 	PendingRegistrations = "pending_registrations"
 )
 
 // Names are every tenant budget of this package's refusals, for metrics that start at 0.
-var Names = []string{ReregistrationsInstance, ReregistrationsOwner, NewKeysOwner, PendingRegistrations}
+var Names = []string{ReregistrationsInstance, ReregistrationsOwner, NewKeysOwner, ConnectionKeysOwner, PendingRegistrations}

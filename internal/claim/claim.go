@@ -28,7 +28,8 @@ type Instance struct {
 // ServerChosen is what the keys of the auth callout's users of owner belong to: the broker
 // chose each for one connection (the client never names it), so no instance claims it, no end
 // revokes it, and its user expires with its bearer. Each is a new key all the same, with its
-// `minted` record in the stream every tenant shares: it counts against owner's new keys.
+// `minted` record in the stream every tenant shares: it counts against owner's connection keys
+// (issue.KeyBudgets).
 func ServerChosen(owner string) Instance { return Instance{owner: owner, server: true} }
 
 // InstanceOf returns owner's instance iid, or an error if either is off its grammar.

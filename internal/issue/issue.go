@@ -367,20 +367,34 @@ func release(ctx context.Context, landed []Step, cause error) error {
 	return errors.Join(errs...)
 }
 
-// KeyBudgets bound how many keys an owner claims anew, or has the broker choose (the auth
-// callout's users): each is one more `minted` record in the stream every tenant shares.
+// KeyBudgets bound how many keys an owner claims anew, and how many it has the broker choose
+// (the auth callout's users, one for each connection): each is one more `minted` record in the
+// stream every tenant shares.
 type KeyBudgets struct {
 	PerOwner *budget.Buckets
 	// Window is what the budget is counted over (the minted records' retention), and Limit
 	// the keys it allows in it, for the refusal.
 	Window time.Duration
 	Limit  int
+	// PerOwnerConnections bounds the keys the broker chooses for an owner's connections:
+	// ConnectionsLimit of them a bearer's life (ConnectionsWindow), enough for each connection
+	// the owner may hold to connect again with each new bearer, and no more.
+	PerOwnerConnections *budget.Buckets
+	ConnectionsWindow   time.Duration
+	ConnectionsLimit    int
 }
 
 // take takes n new keys from the budget of in's owner, and refuses past it.
 func (b *KeyBudgets) take(in claim.Instance, n int) error {
 	if b == nil || n == 0 || in.Owner() == "" {
 		return nil
+	}
+	if in.IsServerChosen() {
+		if b.PerOwnerConnections == nil || b.PerOwnerConnections.Take("owner."+in.Owner(), n) {
+			return nil
+		}
+		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ConnectionKeysOwner},
+			"owner %s connected as often as it may for now (--max-connections-per-owner: %d in %s, a bearer's life): retry shortly", in.Owner(), b.ConnectionsLimit, b.ConnectionsWindow)
 	}
 	if !b.PerOwner.Take("owner."+in.Owner(), n) {
 		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
