@@ -1,10 +1,11 @@
 // Package conns keeps the data account's connections to their budgets: each principal's cap,
 // each owner's (over all its principals: its instances' duties, its runs, its people and
 // agents), and the tenants' share of the account's limit, the rest being the plane's reserve
-// for its own serving users. The broker knows no per-user connection limit, so the count is the plane's,
-// in memory, from the servers' connect and disconnect events, put right by a listing now and
-// then. A bearer user is refused before it connects (the auth callout asks Admit); a JWT user,
-// which the broker lets in on its JWT alone, is kicked once its connect event arrives.
+// for its own serving users. The broker knows no per-user connection limit, so the count is
+// the plane's, in memory, from the servers' connect and disconnect events, put right by a
+// listing now and then. A bearer user is refused before it connects (the auth callout asks
+// Admit); a JWT user, which the broker lets in on its JWT alone, is kicked once its connect
+// event arrives.
 package conns
 
 import (
@@ -385,10 +386,10 @@ func (l *Ledger) KickFailed(c broker.Connection) {
 
 // Reconcile puts the ledger right with a listing of the account's connections asked for at
 // asked, and returns what to kick: every principal's newest past its cap, every owner's newest
-// past its cap, then the newest tenants' past their budget. A connection the ledger learnt of before asked that the listing
-// lacks is gone (its disconnect event was lost, or its server went); one the listing has that
-// the ledger lacks is added unless its disconnect was heard; one kicked before asked that is
-// still listed is kicked again.
+// past its cap, then the newest tenants' past their budget. A connection the ledger learnt of
+// before asked that the listing lacks is gone (its disconnect event was lost, or its server
+// went); one the listing has that the ledger lacks is added unless its disconnect was heard;
+// one kicked before asked that is still listed is kicked again.
 func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 	l.mu.Lock()
 	defer l.mu.Unlock()
