@@ -141,6 +141,22 @@ func (p *Plane) untilClose(what string, fn func(ctx context.Context)) {
 	p.onClose(what, func() error { stop(); <-done; return nil })
 }
 
+// onEveryTick runs fn every `every` until ctx ends, and once at the start too when atOnce.
+func onEveryTick(ctx context.Context, every time.Duration, atOnce bool, fn func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for run := atOnce; ; run = true {
+		if run {
+			fn()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // Start brings the plane up in the order docs/OPERATIONS.md ("What it runs") gives; auth-service.json is written
 // last, as the readiness signal. On any failure it unwinds what it started.
 func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {

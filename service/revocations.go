@@ -21,14 +21,7 @@ func (p *Plane) recheckRevocations() {
 		every = p.cfg.Hooks.RevocationRecheckEvery
 	}
 	p.untilClose("stop rechecking the broker's revocations", func(ctx context.Context) {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		onEveryTick(ctx, every, false, func() {
 			// A recheck that signs again waits for a round (the next second, a push, the
 			// set read back from every server): it gets at least the time of a request.
 			rctx, cancel := context.WithTimeout(ctx, max(every, p.cfg.RequestTimeout))
@@ -43,6 +36,6 @@ func (p *Plane) recheckRevocations() {
 			case err != nil:
 				p.log.Warn("the broker's revocations were not checked against the revocation set; checked again in "+every.String(), "err", err)
 			}
-		}
+		})
 	})
 }

@@ -25,20 +25,13 @@ func (p *Plane) watchWitnesses() {
 		} else if made > 0 {
 			p.log.Info("made the witness streams of owners with instances", "owners", made)
 		}
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
+		onEveryTick(ctx, every, true, func() {
 			sctx, cancel := context.WithTimeout(ctx, every)
 			err := p.stores.SampleWitnesses(sctx, p.cfg.Now())
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("witness streams not sampled", "err", err)
 			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
+		})
 	})
 }
