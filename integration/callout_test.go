@@ -21,7 +21,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/ledger"
-	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -338,24 +337,12 @@ func TestCalloutConnectionsAreFoundBehindPagesOfOthersThatSentTheirName(t *testi
 	p := startFacesPlane(t, ip, nil)
 	b := fetchBundle(t, p.PublicURL())
 	principal := subjects.Principal(ownerA, "worker")
-	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 3 {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
 			t.Fatal(err)
 		}
-		auth, err := iss.ConnectAs(kp, subjects.Principal(ownerB, fmt.Sprintf("crowd%d", i)), subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := nats.Connect(p.NATSURL(), auth, nats.UserInfo(principal, ""), nats.MaxReconnects(0))
-		if err != nil {
-			t.Fatalf("a JWT user sending the name %s: %v", principal, err)
-		}
-		t.Cleanup(nc.Close)
+		connectSendingName(t, p, kp, subjects.Principal(ownerB, fmt.Sprintf("crowd%d", i)), principal)
 	}
 	secret, _, err := admin.SetAgent(grantCtx(t), p.Keys(), p.NATSURL(), ownerA, "worker")
 	if err != nil {

@@ -432,10 +432,6 @@ func TestTheRevocationSetsCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 func TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent(t *testing.T) {
 	t.Parallel()
 	p := startPlane(t, nil)
-	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	newUser := func() (nkeys.KeyPair, string) {
 		kp, err := nkeys.CreateUser()
 		if err != nil {
@@ -446,15 +442,7 @@ func TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent(t *testing.T) {
 	}
 	connect := func(kp nkeys.KeyPair, sent string) {
 		t.Helper()
-		auth, err := iss.ConnectAs(kp, "u_aaaaaaaaaaaaaaaaaaaaaaaaaa.evicted", subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := nats.Connect(p.NATSURL(), auth, nats.UserInfo(sent, ""), nats.MaxReconnects(0))
-		if err != nil {
-			t.Fatalf("connect with user name %q beside the JWT: %v", sent, err)
-		}
-		t.Cleanup(nc.Close)
+		connectSendingName(t, p, kp, "u_aaaaaaaaaaaaaaaaaaaaaaaaaa.evicted", sent)
 	}
 	kpA, a := newUser()
 	kpB, b := newUser()
@@ -475,4 +463,25 @@ func TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent(t *testing.T) {
 	if !maps.Equal(held, want) {
 		t.Fatalf("connections counted by JWT subject: got %v, want %v (C, connected but not asked after, is not counted)", held, want)
 	}
+}
+
+// connectSendingName connects to p's data account as a JWT user of kp's key, named jwtName in
+// its JWT, that sends sent as its user name beside the JWT (a client may send any), until the
+// test ends.
+func connectSendingName(t testing.TB, p *testPlane, kp nkeys.KeyPair, jwtName, sent string) *nats.Conn {
+	t.Helper()
+	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := iss.ConnectAs(kp, jwtName, subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{"_INBOX.>"}}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.NATSURL(), auth, nats.UserInfo(sent, ""), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("connect as %s sending the user name %q beside the JWT: %v", jwtName, sent, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
