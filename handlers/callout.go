@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -193,7 +192,7 @@ func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestCla
 	reply, refusal := c.Guard.Serve(call, func(ctx context.Context, call Call) (any, audit.Request, error) {
 		about := call.About()
 		about.Kind = claims.View
-		release, err := c.admit(call.Principal())
+		release, err := c.admit(call.Owner, call.Principal())
 		if err != nil {
 			return nil, about, err
 		}
@@ -216,9 +215,10 @@ type Admitter interface {
 	Admit(principal string) (release func(), err error)
 }
 
-// admit takes the connection's slot: a principal past its cap, or a space whose tenants hold
-// their whole share of the data account, is refused before anything is signed.
-func (c *Callout) admit(principal string) (release func(), err error) {
+// admit takes the connection's slot for principal, of owner: a principal or an owner past its
+// cap, or a space whose tenants hold their whole share of the data account, is refused before
+// anything is signed.
+func (c *Callout) admit(owner, principal string) (release func(), err error) {
 	if c.Conns == nil {
 		return func() {}, nil
 	}
@@ -229,7 +229,6 @@ func (c *Callout) admit(principal string) (release func(), err error) {
 		return nil, fault.New(fault.ResourceExhausted, "%s: %s; close one first", principal, err)
 	case errors.Is(err, conns.ErrOwnerFull):
 		c.refused(conns.BudgetOwner)
-		owner, _, _ := strings.Cut(principal, ".")
 		return nil, fault.New(fault.ResourceExhausted, "owner %s: %s; close one first", owner, err)
 	case errors.Is(err, conns.ErrTenantsFull):
 		c.refused(conns.BudgetTenants)
