@@ -92,7 +92,9 @@ func keys(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
 	}
-	if action == "retire" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	// A kid is base64url and may begin with '-' (one key in 64): it is the kid unless it
+	// names one of the command's flags.
+	if action == "retire" && len(args) > 0 && !isFlag(fs, args[0]) {
 		kid, args = args[0], args[1:]
 	}
 	if err := parse(fs, args); err != nil {

@@ -124,6 +124,17 @@ func newFlags(name, args string, stderr io.Writer) *flag.FlagSet {
 // parse parses a subcommand's flags and their AUTHPLANE_<FLAG> environment twins: a usage
 // error (an unknown flag, a stray argument) is errUsage, `-h` is flag.ErrHelp, and every value
 // that does not parse is reported at once.
+// isFlag reports whether arg is one of fs's flags (-name, --name, -name=value), or help.
+func isFlag(fs *flag.FlagSet, arg string) bool {
+	name, ok := strings.CutPrefix(arg, "-")
+	if !ok {
+		return false
+	}
+	name = strings.TrimPrefix(name, "-")
+	name, _, _ = strings.Cut(name, "=")
+	return name == "" || fs.Lookup(name) != nil || name == "h" || name == "help" // "", of "-" or "--"
+}
+
 func parse(fs *flag.FlagSet, args []string) error {
 	bad, err := parseValues(fs, args)
 	if err != nil {

@@ -139,3 +139,24 @@ func TestAFlagFromTheEnvironmentCountsAsGiven(t *testing.T) {
 		})
 	}
 }
+
+// A kid is base64url and may begin with '-' (one key in 64): `keys retire` takes it as the kid,
+// not as a flag it does not know, and still takes its own flags after it. (Such a kid was once
+// refused "flag provided but not defined", and the key could not be retired.)
+func TestKeysRetireTakesAKidThatBeginsWithADash(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"keys", "retire", "-tVmjZkUM17rAHf4qBBJce444zXlQui0rfkPN9MsLGU", "--dir", dir},
+		{"keys", "retire", "--dir7k0aW1rl6Vb9v3pJQk2sT5nYy8cE4hXgLmO0uRqZ", "--dir", dir},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(args, &stdout, &stderr)
+		if strings.Contains(stderr.String(), "flag provided but not defined") || code == 2 {
+			t.Errorf("authplane %s: exit %d, %q; want the kid taken and the plane looked for in --dir", strings.Join(args, " "), code, stderr.String())
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"keys", "retire", "--dir", dir}, &stdout, &stderr); code != 2 {
+		t.Errorf("authplane keys retire without a kid: exit %d, want 2 (usage)", code)
+	}
+}
