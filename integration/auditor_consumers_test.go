@@ -208,7 +208,10 @@ func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 		if ci := createConsumer(t, nc, st, name, ">", pagerConfig(name, ">")); ci.Name != name {
 			t.Fatalf("%s: the pager's consumer: got %q (%s)", st, ci.Name, ci.Config.Description)
 		}
-		inbox := nc.NewRespInbox()
+		// An inbox of its own, not under the connection's request mux: nats.go hands a message
+		// that reaches the mux under a subject it matches to no request to the one request
+		// waiting, and the delete below was once answered with one of this page's records.
+		inbox := nc.NewInbox()
 		sub, err := nc.SubscribeSync(inbox)
 		if err != nil {
 			t.Fatal(err)
@@ -236,8 +239,15 @@ func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 		if records == 0 {
 			t.Errorf("%s: the pager read no record", st)
 		}
-		if _, err := nc.Request(api+".CONSUMER.DELETE."+st+"."+name, nil, 5*time.Second); err != nil {
+		answer, err := nc.Request(api+".CONSUMER.DELETE."+st+"."+name, nil, 5*time.Second)
+		if err != nil {
 			t.Fatal(err)
+		}
+		var deleted struct {
+			Success bool `json:"success"`
+		}
+		if json.Unmarshal(answer.Data, &deleted) != nil || !deleted.Success {
+			t.Fatalf("%s: deleting the pager's consumer: got %s", st, answer.Data)
 		}
 		if cs := consumersOf(t, p, st); len(cs) != 0 {
 			t.Errorf("%s: %d consumers left, want none", st, len(cs))
