@@ -1,12 +1,14 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -80,9 +82,10 @@ func health(ctx context.Context, hc *http.Client, url string) ([]byte, string) {
 var ErrNotRunning = errors.New("no plane runs on the state directory")
 
 // Stop stops the plane that holds state directory dir's lock: SIGTERM (it drains: requests in
-// flight finish within its --drain-timeout), then it waits until the lock is free, the last
-// thing a plane gives up before it exits. It returns the plane's pid, or ErrNotRunning. At
-// ctx's end it gives up and says the plane still runs.
+// flight finish within its --drain-timeout), then it waits until the lock is free and the
+// process has exited (the lock is the last thing a plane gives up, but it still has to return
+// and exit after it). It returns the plane's pid, or ErrNotRunning. At ctx's end it gives up
+// and says the plane still runs.
 func Stop(ctx context.Context, dir string) (int, error) {
 	pid, held, err := instance.Holder(dir)
 	switch {
@@ -95,15 +98,37 @@ func Stop(ctx context.Context, dir string) (int, error) {
 		return pid, fmt.Errorf("signal pid %d: %w", pid, err)
 	}
 	for {
-		if _, held, err := instance.Holder(dir); err != nil {
+		_, held, err := instance.Holder(dir)
+		switch {
+		case err != nil:
 			return pid, err
-		} else if !held {
+		case !held && exited(pid):
 			return pid, nil
+		}
+		what := "holds " + dir
+		if !held {
+			what = "has given " + dir + " up and not exited yet"
 		}
 		select {
 		case <-ctx.Done():
-			return pid, fmt.Errorf("pid %d still holds %s: %w", pid, dir, ctx.Err())
+			return pid, fmt.Errorf("pid %d still %s: %w", pid, what, ctx.Err())
 		case <-time.After(pollEvery):
 		}
 	}
+}
+
+// exited reports whether process pid has exited: there is no such process, or it is a zombie
+// that its parent has not reaped yet (Linux's /proc says so; elsewhere Stop waits until the
+// parent reaps it, which a shell does at once).
+func exited(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false // no /proc, or reaped since: the next look tells
+	}
+	// The state follows the command name in parentheses, which may itself hold any byte.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
