@@ -70,11 +70,13 @@ type Keys struct {
 }
 
 // New returns the key set kept in the keys bucket kv. Validate reads the set for every bearer
-// (a retired key validates nothing from the moment its retirement is stored), and the set's
-// keys are decoded again only when its bytes changed (see parsed).
+// (a retired key validates nothing from the moment its retirement is stored); reads that come
+// together share a get sent after each of them came (fence.Shared: a reconnect storm's
+// decisions all read this one row), and the set's keys are decoded again only when its bytes
+// changed (see parsed).
 func New(kv fence.KV, now func() time.Time) *Keys {
 	p := &parsed{}
-	return &Keys{now: now, set: fence.New(kv, setKey, p.parse, func(s *keySet) { s.Nonce = ids.Nonce() })}
+	return &Keys{now: now, set: fence.New(fence.Share(kv), setKey, p.parse, func(s *keySet) { s.Nonce = ids.Nonce() })}
 }
 
 // parsed is parseSet with its last result kept: decoding a set is a JSON decode, an Ed25519

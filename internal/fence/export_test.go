@@ -9,3 +9,13 @@ func (g *Grouped) Waiting(key string) int {
 	}
 	return 0
 }
+
+// Sharing is how many Gets of key wait for the next shared get.
+func (s *Shared) Sharing(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.reads[key]; k != nil && k.next != nil {
+		return k.next.waiting
+	}
+	return 0
+}

@@ -1,7 +1,9 @@
 // Package fence is the one fence primitive (docs/SECURITY.md, "How"): a typed row under one KV key,
 // observed with a leader read and changed only by a compare-and-set at the revision observed.
 // Its one retry loop is bounded by the caller's deadline and paced with jitter; it speaks its
-// own errors, and the edge chooses the wire code.
+// own errors, and the edge chooses the wire code. A bucket may group its commits (Grouped:
+// concurrent commits of the same bytes share one CAS) and share its reads (Shared: concurrent
+// reads of one key share a get sent after each of them began); neither weakens a fence.
 package fence
 
 import (
