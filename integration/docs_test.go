@@ -137,7 +137,7 @@ func TestOperationsNamesEveryAuditDecision(t *testing.T) {
 // and the tools it installs.
 func TestREADMESaysWhatCIDoes(t *testing.T) {
 	readme, ci := readDoc(t, "README.md"), readDoc(t, ".ci/run")
-	if !strings.Contains(ci, "-fuzztime 20000x") || !strings.Contains(readme, "every fuzz target for\n20,000 inputs") && !strings.Contains(readme, "every fuzz target for 20,000 inputs") {
+	if !strings.Contains(ci, "-test.fuzztime 20000x") || !strings.Contains(readme, "every fuzz target for\n20,000 inputs") && !strings.Contains(readme, "every fuzz target for 20,000 inputs") {
 		t.Error("README.md and .ci/run disagree on how long each fuzz target runs")
 	}
 	for _, tool := range []string{"github.com/nats-io/natscli/nats@v0.5.0", "github.com/nats-io/nats-server/v2@v2.15.2"} {
