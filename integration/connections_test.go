@@ -389,3 +389,78 @@ func TestOneOwnerCannotTakeTheTenantsShareThroughManyPrincipals(t *testing.T) {
 		}
 	}
 }
+
+// A refusal of the auth callout reaches the client as the broker's "Authorization Violation",
+// whatever the plane's code, and nats.go by default stops reconnecting once one server
+// answers the same auth error twice in a row (docs/PROTOCOL.md, "The HTTP face"): a bearer
+// client refused while a slot or the stores are busy, as in a reconnect storm, gives up for good
+// unless it opts out with nats.IgnoreAuthErrorAbort. Two agents each retry a connection
+// while another connection of theirs holds their cap of one; once that one closes, the agent
+// that opted out gets in, and the one on the defaults has closed.
+func TestABearerClientOnNatsDefaultsGivesUpAfterTwoRefusalsAndOneThatOptsOutGetsIn(t *testing.T) {
+	t.Parallel()
+	ip := idptest.New(t)
+	p := startFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 1
+	})
+	b := fetchBundle(t, p.PublicURL())
+
+	type agent struct {
+		actor          string
+		opts           []nats.Option
+		holder, conn   *nats.Conn
+		joined, closed chan struct{}
+	}
+	agents := []*agent{
+		{actor: "patient", opts: []nats.Option{nats.IgnoreAuthErrorAbort()}},
+		{actor: "defaults"},
+	}
+	for _, a := range agents {
+		token := agentBearer(t, p, ownerB, a.actor)
+		holder, err := bearerConnect(t, b, token, ownerB, a.actor)
+		if err != nil {
+			t.Fatalf("%s: the first connection: %v", a.actor, err)
+		}
+		a.holder, a.joined, a.closed = holder, make(chan struct{}), make(chan struct{})
+		// RetryOnFailedConnect: a refused first connect goes on as nats.go's reconnects do.
+		opts := append([]nats.Option{
+			nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+			nats.ConnectHandler(func(*nats.Conn) { close(a.joined) }),
+			nats.ClosedHandler(func(*nats.Conn) { close(a.closed) }),
+		}, a.opts...)
+		if a.conn, err = bearerConnect(t, b, token, ownerB, a.actor, opts...); err != nil {
+			t.Fatalf("%s: a connection that retries: %v", a.actor, err)
+		}
+	}
+	patient, defaults := agents[0], agents[1]
+	select {
+	case <-defaults.closed:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the agent on nats.go's defaults still retries after %d attempts, want it closed after two", 1+defaults.conn.Stats().Reconnects)
+	}
+	if n := 1 + defaults.conn.Stats().Reconnects; n != 2 || !errors.Is(defaults.conn.LastError(), nats.ErrAuthorization) {
+		t.Errorf("the agent on the defaults closed after %d attempts (%v), want 2 refused", n, defaults.conn.LastError())
+	}
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if n := 1 + patient.conn.Stats().Reconnects; n < 4 || !errors.Is(patient.conn.LastError(), nats.ErrAuthorization) {
+			return fmt.Errorf("the agent that opted out made %d attempts (%v)", n, patient.conn.LastError())
+		}
+		return nil
+	})
+	for _, a := range agents {
+		a.holder.Close()
+	}
+	select {
+	case <-patient.joined:
+	case <-patient.closed:
+		t.Fatal("the agent that opted out closed, want it connected once its cap had room")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the agent that opted out is not connected 20 s after its cap had room (%v)", patient.conn.LastError())
+	}
+	if !patient.conn.IsConnected() {
+		t.Errorf("the agent that opted out: status %v, want connected", patient.conn.Status())
+	}
+	if !defaults.conn.IsClosed() {
+		t.Errorf("the agent on the defaults: status %v, want closed for good", defaults.conn.Status())
+	}
+}
