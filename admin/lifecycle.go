@@ -107,7 +107,7 @@ func Stop(ctx context.Context, dir string) (int, error) {
 		}
 		what := "holds " + dir
 		if !held {
-			what = "has given " + dir + " up and not exited yet"
+			what = "runs, its lock on " + dir + " given up"
 		}
 		select {
 		case <-ctx.Done():
