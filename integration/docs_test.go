@@ -181,6 +181,7 @@ func TestNoDocumentDefinesOneNameTwice(t *testing.T) {
 // outside the repository; no file in it, Go comments included, cites them (the wire contract is
 // docs/PROTOCOL.md, and the docs cite one another), nor a section sign that is not an RFC's.
 func TestNoFileCitesADocumentOutsideTheRepository(t *testing.T) {
+	t.Parallel() // it reads every file: it need not hold the parallel tests back
 	outside := regexp.MustCompile(`\b(` + "DES" + `IGN|` + "STY" + `LE\.md|reference ` + "\u00a7)")
 	section := regexp.MustCompile(`(RFC \d+ )?§\s?\d`)
 	files := strings.Split(strings.TrimSpace(gitOut(t, "..", "ls-files")), "\n")

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,9 +137,22 @@ type codeText struct {
 // verb is a fmt verb in a refusal's format.
 var verb = regexp.MustCompile(`%[-+# 0-9.*]*[a-zA-Z%]`)
 
+// patterns keeps what pattern compiled: the refusal tests compare every documented text with
+// every text the code writes, and compiling the same expressions again for each pair took half
+// a minute of the race-detected suite.
+var patterns sync.Map // patternOf → *regexp.Regexp
+
+type patternOf struct {
+	s    string
+	hole *regexp.Regexp
+}
+
 // pattern is s as a regular expression in which every hole (what hole matches) stands for
 // any text.
 func pattern(s string, hole *regexp.Regexp) *regexp.Regexp {
+	if re, ok := patterns.Load(patternOf{s, hole}); ok {
+		return re.(*regexp.Regexp)
+	}
 	var b strings.Builder
 	b.WriteString("^")
 	last := 0
@@ -152,7 +166,9 @@ func pattern(s string, hole *regexp.Regexp) *regexp.Regexp {
 		last = m[1]
 	}
 	b.WriteString(regexp.QuoteMeta(s[last:]) + "$")
-	return regexp.MustCompile(b.String())
+	re := regexp.MustCompile(b.String())
+	patterns.Store(patternOf{s, hole}, re)
+	return re
 }
 
 // placeholder is a hole the document writes in a text: <what goes here>.
