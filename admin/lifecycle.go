@@ -119,16 +119,23 @@ func Stop(ctx context.Context, dir string) (int, error) {
 
 // exited reports whether process pid has exited: there is no such process, or it is a zombie
 // that its parent has not reaped yet (Linux's /proc says so; elsewhere Stop waits until the
-// parent reaps it, which a shell does at once).
+// parent reaps it, which a shell does at once). A zombie is one once its last thread is gone:
+// the group's leader shows Z while the others still exit, holding the process's files (its
+// ports) until the last of them has.
 func exited(pid int) bool {
 	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 		return true
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	proc := fmt.Sprintf("/proc/%d", pid)
+	stat, err := os.ReadFile(proc + "/stat")
 	if err != nil {
 		return false // no /proc, or reaped since: the next look tells
 	}
 	// The state follows the command name in parentheses, which may itself hold any byte.
 	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+	if i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z' {
+		return false
+	}
+	threads, err := os.ReadDir(proc + "/task")
+	return err == nil && len(threads) == 1
 }
