@@ -14,8 +14,8 @@ func (g *Grouped) Waiting(key string) int {
 func (s *Shared) Sharing(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if k := s.reads[key]; k != nil && k.next != nil {
-		return k.next.waiting
+	if r := s.reads[key]; r != nil {
+		return r.waiting
 	}
 	return 0
 }

@@ -82,11 +82,7 @@ func (g *Grouped) commit(ctx context.Context, key string, raw []byte, rev uint64
 		g.landed(key, q, raw, n, err)
 		return n, err
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(time.Minute)
-	}
-	w := &waiter{raw: raw, rev: rev, deadline: deadline, cas: cas, done: make(chan outcome, 1)}
+	w := &waiter{raw: raw, rev: rev, deadline: deadlineOf(ctx), cas: cas, done: make(chan outcome, 1)}
 	q.waiting = append(q.waiting, w)
 	g.mu.Unlock()
 	select {

@@ -24,18 +24,14 @@ import (
 // all read the one bearer key set).
 type Shared struct {
 	KV
-	mu    sync.Mutex
-	reads map[string]*reads
+	mu sync.Mutex
+	// reads holds a key while a get of it is in flight; its value is the next get, which the
+	// Gets that came since wait for (nil until one does).
+	reads map[string]*read
 }
 
 // Share returns kv with its reads shared.
-func Share(kv KV) *Shared { return &Shared{KV: kv, reads: map[string]*reads{}} }
-
-// reads is one key's gets: one is in flight while it exists, and next, when set, is the get
-// that the Gets that came since wait for.
-type reads struct {
-	next *read
-}
+func Share(kv KV) *Shared { return &Shared{KV: kv, reads: map[string]*read{}} }
 
 // read is one get that Gets share: sent with the latest deadline among them, its answer kept
 // in entry and err once done is closed.
@@ -52,25 +48,19 @@ type read struct {
 // store.ErrUnknownOutcome, as a get of its own that timed out would.
 func (s *Shared) Get(ctx context.Context, key string) (store.Entry, error) {
 	s.mu.Lock()
-	k := s.reads[key]
-	if k == nil { // nothing in flight: this Get's own get is the one
-		k = &reads{}
-		s.reads[key] = k
+	r, inFlight := s.reads[key]
+	if !inFlight { // this Get's own get is the one in flight
+		s.reads[key] = nil
 		s.mu.Unlock()
 		e, err := s.KV.Get(ctx, key)
-		s.answered(key, k)
+		s.answered(key)
 		return e, err
 	}
-	r := k.next
 	if r == nil {
 		r = &read{done: make(chan struct{})}
-		k.next = r
+		s.reads[key] = r
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(time.Minute)
-	}
-	if deadline.After(r.deadline) {
+	if deadline := deadlineOf(ctx); deadline.After(r.deadline) {
 		r.deadline = deadline
 	}
 	r.waiting++
@@ -87,12 +77,12 @@ func (s *Shared) Get(ctx context.Context, key string) (store.Entry, error) {
 }
 
 // answered ends the get in flight on key: the next one, if a Get still waits for it, is sent
-// on its own goroutine; if none waits, the key is forgotten.
-func (s *Shared) answered(key string, k *reads) {
+// on its own goroutine (and Gets that come now wait for the one after it); if none waits, the
+// key is forgotten.
+func (s *Shared) answered(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := k.next
-	k.next = nil
+	r := s.reads[key]
 	if r == nil || r.waiting == 0 {
 		delete(s.reads, key)
 		if r != nil {
@@ -100,11 +90,13 @@ func (s *Shared) answered(key string, k *reads) {
 		}
 		return
 	}
-	go s.send(key, k, r)
+	s.reads[key] = nil
+	go s.send(key, r)
 }
 
-// send sends r, the get its Gets wait for; its membership closed when it was taken off next.
-func (s *Shared) send(key string, k *reads, r *read) {
+// send sends r, the get its Gets wait for; its membership closed when answered took it off
+// the key.
+func (s *Shared) send(key string, r *read) {
 	s.mu.Lock()
 	deadline := r.deadline
 	s.mu.Unlock()
@@ -112,5 +104,14 @@ func (s *Shared) send(key string, k *reads, r *read) {
 	r.entry, r.err = s.KV.Get(ctx, key)
 	cancel()
 	close(r.done)
-	s.answered(key, k)
+	s.answered(key)
+}
+
+// deadlineOf is ctx's deadline, or a minute from now for a ctx without one: how long a shared
+// get or a group's CAS may run for a waiter.
+func deadlineOf(ctx context.Context) time.Time {
+	if deadline, ok := ctx.Deadline(); ok {
+		return deadline
+	}
+	return time.Now().Add(time.Minute)
 }
