@@ -105,12 +105,12 @@ func Stop(ctx context.Context, dir string) (int, error) {
 		case !held && exited(pid):
 			return pid, nil
 		}
-		what := "holds " + dir
-		if !held {
-			what = "runs, its lock on " + dir + " given up"
-		}
 		select {
 		case <-ctx.Done():
+			what := "holds " + dir
+			if !held {
+				what = "runs, its lock on " + dir + " given up"
+			}
 			return pid, fmt.Errorf("pid %d still %s: %w", pid, what, ctx.Err())
 		case <-time.After(pollEvery):
 		}
