@@ -59,9 +59,11 @@ type AgentRevoked struct {
 }
 
 // RevokeWindow is how long after the revoke's ledger write a connection the auth callout let
-// in on the row as it was can still reach the broker: the broker waits 2 s for the callout's
-// answer (its `authorization { timeout }`), and the callout read the row after that wait began.
-// RevokeAgent lists and kicks the agent's connections until the window has passed.
+// in on the row as it was can still reach the broker: the callout reads the row after the
+// broker's request arrived, and answers within its decision deadline from that arrival
+// (handlers.CalloutDeadline, 1.8 s, whatever the broker's `authorization { timeout }`); the rest
+// is slack for sending the answer and the broker registering the connection. RevokeAgent lists
+// and kicks the agent's connections until the window has passed.
 const RevokeWindow = 2500 * time.Millisecond
 
 // RevokeAgent clears owner.actor's agent secret, so its next exchange and its next connection
