@@ -89,6 +89,38 @@ func TestSecurityNamesOnlyTestsThatExist(t *testing.T) {
 	}
 }
 
+var (
+	// issueRef is a reference to an issue of the tracker: "issue 21", "issues 17".
+	issueRef = regexp.MustCompile(`(?i)\bissues? #?\d+`)
+	// commitRef is a word that may be a commit hash: 7 to 40 hex digits with a digit among them
+	// (a word of the letters a to f alone is English).
+	commitRef = regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)
+)
+
+// TestBenchmarksIsReferenceNotHistory: BENCHMARKS.md says what a request costs today; the
+// history of how it got there is in docs/decisions/. It names no issue, and a commit only on
+// its one "measured at" line.
+func TestBenchmarksIsReferenceNotHistory(t *testing.T) {
+	measured := 0
+	for i, line := range strings.Split(readDoc(t, "BENCHMARKS.md"), "\n") {
+		if m := issueRef.FindString(line); m != "" {
+			t.Errorf("BENCHMARKS.md:%d names %q: an issue is history, which goes in docs/decisions/", i+1, m)
+		}
+		if strings.Contains(line, "measured at ") {
+			measured++
+			continue
+		}
+		for _, m := range commitRef.FindAllString(line, -1) {
+			if strings.ContainsAny(m, "0123456789") {
+				t.Errorf("BENCHMARKS.md:%d names %q outside its measured-at line", i+1, m)
+			}
+		}
+	}
+	if measured != 1 {
+		t.Errorf("BENCHMARKS.md has %d lines saying where its figures were measured at, want one", measured)
+	}
+}
+
 // operationsRow is a row of OPERATIONS.md's table of what each refusal code means.
 var operationsRow = regexp.MustCompile("(?m)^\\| `([a-z-]+)` \\| (\\d+) \\| ([^|]+) \\|")
 
