@@ -34,12 +34,10 @@ type calloutRequest struct {
 // one slow spell end together), and one under half of it raises the bound by one, up to
 // inFlight, and starts a worker for a waiting request (so the bound about doubles with each
 // round of quick decisions, as TCP's slow start does). A decision waits on store reads, and the
-// broker serves those in arrival order: with 256 decisions under way in a storm of 5,000 on a
-// three-node cluster, the reads took longer than the decisions' deadline, 19,249 of 20,292
-// answers were refusals and 1,040 connections got in in two minutes; a bound of 32 let them
-// all in in 68 s. A bound that stays low would cost the storms the stores keep up with (32 at
-// once halved the rate of a storm of 1,000 on the cluster), so it rises again as decisions
-// speed up.
+// broker serves those in arrival order: too many decisions at once in a storm on a cluster make
+// every read miss the decisions' deadline, so nearly every answer is a refusal. A bound that
+// stays low would cost the storms the stores keep up with, so it rises again as decisions speed
+// up (docs/decisions/2026-12-02-callout-bound-follows-decisions.md).
 type calloutQueue struct {
 	inFlight, backlog int
 	now               func() time.Time

@@ -12,8 +12,8 @@ import (
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 )
 
-// Finding 7 of issue 19: after `authplane agent --revoke`, a connection opened with the old
-// bearer stayed up until the bearer's exp (up to 300 s). The revoke kicks every live
+// After `authplane agent --revoke`, a connection opened with the old bearer must not stay up
+// until the bearer's exp (up to 300 s). The revoke kicks every live
 // connection of the agent (not through the account's revocation set) and the callout refuses
 // it again; another agent of the same owner keeps its connection.
 func TestAgentRevokeClosesItsLiveConnections(t *testing.T) {

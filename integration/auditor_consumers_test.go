@@ -88,8 +88,8 @@ func pagerConfig(name, filter string) map[string]any {
 		"inactive_threshold": time.Hour, "num_replicas": 1, "mem_storage": true, "pause_until": "0001-01-01T00:00:00Z"}
 }
 
-// The finding: an auditor created 300 durable push consumers in the plane account in under a
-// second, delivering to `$KV.…` and `$JS.API.STREAM.DELETE.…`, and they stayed. Now every push
+// Unguarded, an auditor created 300 durable push consumers in the plane account in under a
+// second, delivering to `$KV.…` and `$JS.API.STREAM.DELETE.…`, and they stayed. So every push
 // consumer is refused before JetStream sees it, whatever the spelling of its deliver_subject,
 // durable or not, on either stream; none exists afterwards, nothing was written, and each is
 // counted in /metrics.

@@ -11,9 +11,9 @@ import (
 
 // TestBinaryBenchPrintsEveryFigureAsTheLastLine: `authplane bench --json` starts its own plane,
 // drives each operation and both ceilings, and prints one JSON object as the last line of
-// stdout with every figure issue 10 names, each measured (not zero); progress goes to stderr.
-// Nothing here is timed: the figures only have to exist. It loads both CPUs for a moment, so
-// it runs alone, before the package's parallel tests.
+// stdout with every figure of an operation and its ceilings, each measured (not zero); progress
+// goes to stderr. Nothing here is timed: the figures only have to exist. It loads both CPUs for
+// a moment, so it runs alone, before the package's parallel tests.
 func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
 	s := startStandalone(t, "bench")
 	for name, extra := range map[string][]string{

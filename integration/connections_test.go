@@ -24,8 +24,8 @@ import (
 const excessLife = 2 * time.Second
 
 // hog opens connections with one credential as fast as the broker lets it, and opens another
-// whenever one is closed, until stop: what one caller did to the data account's 40 connections
-// (issue 19, finding 4). It reports the longest life of a connection that was closed under it.
+// whenever one is closed, until stop: what one caller can do to the data account's 40
+// connections. It reports the longest life of a connection that was closed under it.
 type hog struct {
 	live    atomic.Int64
 	opened  atomic.Int64
@@ -133,9 +133,9 @@ func agentBearer(t *testing.T, p *testPlane, owner, actor string) string {
 	return exchange(t, p.PublicURL(), map[string]any{"owner": owner, "actor": actor, "actorToken": secret}).Token
 }
 
-// Finding 4 of issue 19: one caller credential opened 39 of the data account's 40 connections;
-// every other principal got "maximum account active connections exceeded", and so did the
-// plane's own serving-user renewal while /health said ok. Now each principal has a cap, the
+// Unbounded, one caller credential opened 39 of the data account's 40 connections; every other
+// principal got "maximum account active connections exceeded", and so did the plane's own
+// serving-user renewal while /health said ok. So each principal has a cap, the
 // tenants together keep out of the plane's reserve, a bearer past either is refused by the
 // auth callout, a JWT user past either is kicked within excessLife, and the plane renews its
 // serving user through the flood.
@@ -275,7 +275,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 	}
 }
 
-// The rest of finding 4: the serving user's renewal failed while /health said ok. A reserve
+// The serving user's renewal must not fail while /health says ok. A reserve
 // too small for the replicas (two against one broker, the reserve 2: no room for either to
 // renew while the tenants hold their share) makes it fail here: /health says so and the
 // failure is counted, and the renewal is retried until a slot frees, before the current user

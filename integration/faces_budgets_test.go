@@ -90,7 +90,7 @@ func TestOnePeerCannotHoldEveryPublicSlot(t *testing.T) {
 			good := map[string]any{"idpToken": f.token(t, "mia", time.Hour), "actor": "cli"}
 			addr := strings.TrimPrefix(f.PublicURL(), "http://")
 
-			const flood = 70 // the finding's
+			const flood = 70 // past the peer's 8 slots and the face's 64
 			var held []net.Conn
 			statuses := map[string]int{}
 			for range flood {

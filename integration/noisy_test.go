@@ -32,7 +32,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// The noisy-neighbour test (issue 19): one owner runs every flood the issue found, at once and
+// The noisy-neighbour test: one owner runs every flood a tenant can aim at another, at once and
 // at full rate, against one plane with both faces, while another owner goes about its work.
 
 // noisyFlood is how long the noisy owner floods.
@@ -57,7 +57,7 @@ var (
 	exchangePeer = net.IPv4(127, 0, 0, 3)
 )
 
-// For noisyFlood, owner B (the noisy owner) runs every flood of issue 19 at once, each from one
+// For noisyFlood, owner B (the noisy owner) runs every flood at once, each from one
 // goroutine at full rate, the next request as soon as the last is answered (so each is as fast
 // as one client can go, and the test takes a fixed share of the machine from the rest of the
 // suite, about a core under -race): 1 MiB run-starts on its own subjects; exchanges of its
@@ -81,7 +81,7 @@ func TestANoisyOwnersFloodsLeaveAnotherOwnerWorkingAndItsRecordsKept(t *testing.
 		// The connection test's account: small enough for one credential to fill it.
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 4
 		// The least audit stream a start takes, and a minted stream that re-registrations at
-		// the finding's rate (164 a second, about 1 KiB of minted records each) would fill
+		// one client's full rate (164 a second, about 1 KiB of minted records each) would fill
 		// within the flood were they not budgeted; the budgeted floods write tens of KiB.
 		c.AuditBytes, c.MintedBytes = 1<<20, 4<<20
 		c.Hooks = &service.Hooks{WitnessSampleEvery: time.Second}

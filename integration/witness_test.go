@@ -48,8 +48,7 @@ func publishRunStarts(t testing.TB, nc *nats.Conn, owner, actor, uid string, n, 
 	return out
 }
 
-// A witnessed run-start of one owner survives every other owner's flood of run-starts (issue
-// 19, finding 1): one with no scope and no manager sends run-starts of 1 MiB, which are stored
+// A witnessed run-start of one owner survives every other owner's flood of run-starts: one with no scope and no manager sends run-starts of 1 MiB, which are stored
 // nowhere; one with a manager of its own sends twice its byte budget and then twice its count
 // budget, and its own stream keeps within both, its oldest pushed out and counted. The first
 // owner's manager still admits its run afterwards.

@@ -170,10 +170,9 @@ type Hooks struct {
 // otherwise. A request waits on the stores for most of its time (a ledger and a gate read, the
 // minted records, the commit), and the broker hands each request to a random instance of the
 // queue group, busy or not: with few instances a request often waits behind another one's
-// store round trips while others idle. At 32 requesters on 2 CPUs, 8 instances gave a p99 of
-// 64–100 ms and 32 instances 29–36 ms, at the same CPU per request; measured again against 8
-// per replica (the most that keeps `nats micro stats` at 40 rows), the median p99 rose 21 %
-// (BENCHMARKS.md), so the instances stay and the docs point to the stats' total row.
+// store round trips while others idle. Fewer instances (8 per replica would keep `nats micro
+// stats` at 40 rows) cost p99 at the same CPU, so the docs point to the stats' total row instead
+// (docs/decisions/2026-12-01-eight-instances-per-replica-rejected.md).
 const DefaultWorkersPerCPU = 16
 
 // witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its

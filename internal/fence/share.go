@@ -19,9 +19,9 @@ import (
 // after the Get began, as its own get's would be: a write acknowledged before the Get began is
 // in it, and a fence that stopped something before a decision began stops that decision. What
 // sharing saves is gets: however many decisions read a key at once, at most two gets of it are
-// under way (the one in flight and the next), where each decision used to queue its own
-// behind everyone else's in the broker's JetStream API (a reconnect storm's callout decisions
-// all read the one bearer key set).
+// under way (the one in flight and the next), instead of one per decision queued behind
+// everyone else's in the broker's JetStream API (a reconnect storm's callout decisions all read
+// the one bearer key set).
 type Shared struct {
 	KV
 	mu sync.Mutex
