@@ -180,6 +180,9 @@ func TestREADMESaysWhatCIDoes(t *testing.T) {
 	if !strings.Contains(ci, "AUTHPLANE_REQUIRE_TOOLS=1") {
 		t.Error(".ci/run does not make the blocks' test require its tools: a missing one would skip it")
 	}
+	if !strings.Contains(ci, "export AUTHPLANE_REQUIRE_FUSE=1") {
+		t.Error(".ci/run does not make the power-cut tests require FUSE: where it cannot mount they would skip")
+	}
 }
 
 // shellFunc is a shell function a block defines: name() {.
