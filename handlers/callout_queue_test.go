@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // queueProbe is a calloutQueue whose decisions record the request they were handed and block
@@ -52,13 +55,12 @@ func request(name string, at time.Time) calloutRequest {
 // waitUntil polls cond every 5 ms for up to 10 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if !cond() {
+			return fmt.Errorf("not yet: %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // stopped is a clock that stands at t.

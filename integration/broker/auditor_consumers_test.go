@@ -268,7 +268,7 @@ func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		cmd := exec.CommandContext(ctx, scriptPath, "-qc", line, filepath.Join(home, "typescript"))
 		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home)
-		out, err := cmd.CombinedOutput()
+		out, err := harness.CombinedOutput(cmd)
 		cancel()
 		if err != nil || !strings.Contains(string(out), "Subject: cotal."+harness.TestSpace+".") {
 			t.Errorf("nats stream view %s: %v\n%s", st, err, out)

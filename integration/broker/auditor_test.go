@@ -15,6 +15,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -270,7 +271,7 @@ func TestAPlaneAccountUserThatMayOnlyReadStreamInfoWritesAFenceThroughItsReply(t
 	if err := nc.PublishRequest(info, "$KV."+subjects.AuthBucket(harness.TestSpace)+".epgate.auth.evil", nil); err != nil {
 		t.Fatal(err)
 	}
-	harness.CheckFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		m, err := harness.FenceEntry(t, p, "epgate.auth.evil")
 		if err != nil {
 			return fmt.Errorf("epgate.auth.evil: %w, want the stream info answer written there", err)

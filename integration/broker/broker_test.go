@@ -19,6 +19,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -169,7 +170,7 @@ func TestRequestWhoseReplyIsNotTheCallersInboxIsDroppedUnansweredAndCounted(t *t
 				if err := ncA.PublishRequest(subjects.EndpointSubject(harness.TestSpace, endpoint, harness.OwnerA, actor), tt.reply, []byte("{}")); err != nil {
 					t.Fatal(err)
 				}
-				harness.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+				testkit.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 					now := harness.Counters(t, p, endpoint)
 					if now.Dropped != before.Dropped+1 {
 						return fmt.Errorf("%s data.dropped: got %d, want %d", endpoint, now.Dropped, before.Dropped+1)
@@ -343,7 +344,7 @@ func TestNoMintedCredentialCanCreateWriteOrPurgeAStream(t *testing.T) {
 		if msg, err := nc.Request(runStart, []byte("{}"), 300*time.Millisecond); err == nil {
 			t.Errorf("run-start request: got answer %q, want none (the witness has no acks)", msg.Data)
 		}
-		harness.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		testkit.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 			after, err := witness.Info(ctx)
 			if err != nil {
 				return err

@@ -22,6 +22,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -241,7 +242,7 @@ func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 		revoked <- err
 	}()
 	bucket := subjects.ActorsBucket(harness.TestSpace)
-	harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		m, err := harness.LastMsg(t, p, bucket, "$KV."+bucket+"."+subjects.ActorKey(harness.OwnerA, "racer"))
 		if err != nil || strings.Contains(string(m.Data), "tokenHash") {
 			return fmt.Errorf("the agent's row is not revoked yet (%v)", err)

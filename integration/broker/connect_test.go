@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // TestAPlaneStartedBeforeItsBrokerWaitsForItWithHealth503 starts `serve --nats-url` against
@@ -29,7 +30,7 @@ func TestAPlaneStartedBeforeItsBrokerWaitsForItWithHealth503(t *testing.T) {
 	dir := t.TempDir()
 	plane := harness.StartAuthplane(t, "serve", "--nats-url", natsURL, "--space-dir", spaceDir, "--dir", dir,
 		"--http-port", fmt.Sprint(ports[1]), "--workers", "1", "--connect-timeout", "2m")
-	harness.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 		r, err := http.Get(httpURL + "/health")
 		if err != nil {
 			return err
@@ -44,7 +45,7 @@ func TestAPlaneStartedBeforeItsBrokerWaitsForItWithHealth503(t *testing.T) {
 	})
 	// The start says what it does as it goes ("loading the space material" first, which a
 	// loaded machine shows for a while): it comes to the broker and waits there.
-	harness.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 		got := harness.Get(t, httpURL+"/health")
 		if got.Status != http.StatusServiceUnavailable {
 			t.Fatalf("/health before the broker: got %d %s, want 503", got.Status, got.Body)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -47,7 +48,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 	// One credential tries to hold all 40 until the plane has renewed its serving user: it
 	// keeps its 4. (Without the budgets it had filled the account by now.)
 	h := startHog(t, p.NATSURL(), harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, "hog"), 40)
-	harness.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := h.Opened.Load(); n < 40 && h.Refused.Load() == 0 {
 			return fmt.Errorf("the hog opened %d connections so far", n)
 		}
@@ -122,7 +123,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 
 	// The plane renews its serving user through the flood, and serves past the first one's
 	// expiry.
-	harness.CheckFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
+	testkit.CheckFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
 		if !strings.Contains(logs.String(), `msg="renewed the serving user" conn=serving`) {
 			return fmt.Errorf("the serving user not renewed yet")
 		}
@@ -136,7 +137,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 		t.Errorf("a connection of the hog past its cap lived %s, want at most %s", longest, excessLife)
 	}
 	t.Logf("the hog opened %d connections; the longest a kicked one lived: %s", h.Opened.Load(), time.Duration(h.Longest.Load()))
-	harness.CheckFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
+	testkit.CheckFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
 		if time.Since(start) < ttl+time.Second {
 			return fmt.Errorf("the first serving user expires at %s", start.Add(ttl).Format(time.TimeOnly))
 		}
@@ -191,7 +192,7 @@ func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
 		tenants = append(tenants, harness.CallerConn(t, a, harness.OwnerA, actor))
 	}
 	var reason string
-	harness.CheckFor(t, ttl, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, ttl, 50*time.Millisecond, func() error {
 		r := harness.Get(t, a.HTTPURL()+"/health")
 		if r.Status == 200 {
 			return fmt.Errorf("/health is ok")
@@ -209,7 +210,7 @@ func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
 	}
 	tenants[0].Close()
 	for i, p := range planes {
-		harness.CheckFor(t, ttl, 50*time.Millisecond, func() error {
+		testkit.CheckFor(t, ttl, 50*time.Millisecond, func() error {
 			if r := harness.Get(t, p.HTTPURL()+"/health"); r.Status != 200 {
 				return fmt.Errorf("plane %d's /health: got %d %s, want ok once a slot is free", i, r.Status, r.Body)
 			}
@@ -242,7 +243,7 @@ func TestOneOwnerCannotTakeTheTenantsShareThroughManyPrincipals(t *testing.T) {
 			harness.ConnectCreds(t, p.NATSURL(), creds, harness.OwnerA, actor)
 		}
 	}
-	harness.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_data_connections", map[string]string{"who": "tenants"}); n != 12 {
 			return fmt.Errorf("the plane counts %v tenants' connections, want the owner's 12", n)
 		}
@@ -333,7 +334,7 @@ func TestABearerClientOnNatsDefaultsGivesUpAfterTwoRefusalsAndOneThatOptsOutGets
 	if n := 1 + defaults.conn.Stats().Reconnects; n != 2 || !errors.Is(defaults.conn.LastError(), nats.ErrAuthorization) {
 		t.Errorf("the agent on the defaults closed after %d attempts (%v), want 2 refused", n, defaults.conn.LastError())
 	}
-	harness.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if n := 1 + patient.conn.Stats().Reconnects; n < 4 || !errors.Is(patient.conn.LastError(), nats.ErrAuthorization) {
 			return fmt.Errorf("the agent that opted out made %d attempts (%v)", n, patient.conn.LastError())
 		}

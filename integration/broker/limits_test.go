@@ -11,6 +11,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -40,7 +41,7 @@ func TestTheBrokerEnforcesUserAndAccountLimits(t *testing.T) {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		harness.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		testkit.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 			for _, err := range errs.All() {
 				if strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions") {
 					return nil
@@ -85,7 +86,7 @@ func TestTheBrokerEnforcesUserAndAccountLimits(t *testing.T) {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		harness.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		testkit.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 			for _, err := range errs.All() {
 				if strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions") {
 					return nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -67,7 +68,7 @@ func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
 	}
 
 	// Both users renewed, and the first ones' expiry is behind us.
-	harness.CheckFor(t, ttl+10*time.Second, 200*time.Millisecond, func() error {
+	testkit.CheckFor(t, ttl+10*time.Second, 200*time.Millisecond, func() error {
 		out := logs.String()
 		for _, renewed := range []string{`msg="renewed the serving user" conn=serving`, `msg="reconnected with a renewed user" conn=store`} {
 			if !strings.Contains(out, renewed) {

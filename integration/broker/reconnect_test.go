@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -36,8 +37,8 @@ func TestThePlaneServesAgainAfterTheBrokerComesBackAndCountsItsReconnects(t *tes
 	}
 
 	s.Restart(t)
-	harness.CheckFor(t, 20*time.Second, 100*time.Millisecond, served)
-	harness.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 100*time.Millisecond, served)
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		families := harness.Scrape(t, p.HTTPURL())
 		for _, conn := range []string{"serving", "store"} {
 			if n := harness.Sample(families, "authplane_nats_reconnects_total", map[string]string{"conn": conn}); n < 1 {

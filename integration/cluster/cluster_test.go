@@ -14,6 +14,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -79,7 +80,7 @@ func (c *cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", 
 // knows every server online (until then it refuses a replicated stream: "peer offline").
 func (c *cluster) waitFormed(t testing.TB) {
 	t.Helper()
-	harness.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		leaders := 0
 		for _, s := range c.servers {
 			if got := s.NumRemotes(); got != len(c.servers)-1 {
@@ -172,7 +173,7 @@ func (c *cluster) waitCurrent(t testing.TB, within time.Duration) {
 	t.Helper()
 	account := c.material.Plane.Public()
 	streams := c.planeStreams()
-	harness.CheckFor(t, within, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, within, 50*time.Millisecond, func() error {
 		for _, i := range c.running() {
 			s := c.servers[i]
 			if !s.JetStreamIsCurrent() {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -62,7 +63,7 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 			t.Errorf("a minted record of request %s appeared, want none but the refused request's own", rec.RequestID)
 		}
 	}
-	harness.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
 		o := harness.AskWithin(3*deadline, r.Cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, r.Renewal(t, "renew"))
 		if o.Code != "" || len(o.Material.Credentials) != 2 {
 			return fmt.Errorf("a renewal once the servers are back: got %q %q, want two credentials", o.Code, o.Message)

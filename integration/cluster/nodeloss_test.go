@@ -23,6 +23,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -394,7 +395,7 @@ const nodeLossServed = 10
 // succeed.
 func (l *nodeLossLoad) waitServedAfter(t *testing.T, at time.Time) {
 	t.Helper()
-	harness.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		served := map[string]int{}
@@ -446,7 +447,7 @@ func (l *nodeLossLoad) stopNode(t *testing.T, o *clusterObserver, planes []*harn
 			l.mu.Unlock()
 		}
 		var issued float64
-		harness.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			for _, conn := range dropped {
 				if where := serverOf(t, l.c, conn); where == "" {
 					return fmt.Errorf("%s is on no running server", conn)
@@ -455,7 +456,7 @@ func (l *nodeLossLoad) stopNode(t *testing.T, o *clusterObserver, planes []*harn
 			issued = total(harness.Scrape(t, p.HTTPURL()), "authplane_credentials_issued_total")
 			return nil
 		})
-		harness.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			if now := total(harness.Scrape(t, p.HTTPURL()), "authplane_credentials_issued_total"); now <= issued {
 				return fmt.Errorf("the replica %s has issued nothing since it reconnected (%v credentials)", p.InstanceID(), now)
 			}
@@ -672,7 +673,7 @@ func (o *clusterObserver) snapshot(t *testing.T) storeSnapshot {
 	t.Helper()
 
 	var snap storeSnapshot
-	harness.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		snap = storeSnapshot{}

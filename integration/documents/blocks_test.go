@@ -16,7 +16,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -154,7 +154,7 @@ func TestEveryDocumentedBlockRunsAsPastedInAFreshClone(t *testing.T) {
 			t.Skipf("%s is not on PATH (go install github.com/nats-io/natscli/nats@v0.5.0 and github.com/nats-io/nats-server/v2@v2.15.2; AUTHPLANE_REQUIRE_TOOLS=1 makes this a failure)", tool)
 		}
 	}
-	if err := exec.Command("git", "-C", repoRoot, "rev-parse", "--is-inside-work-tree").Run(); err != nil {
+	if err := harness.Run(exec.Command("git", "-C", repoRoot, "rev-parse", "--is-inside-work-tree")); err != nil {
 		if os.Getenv("AUTHPLANE_REQUIRE_TOOLS") != "" {
 			t.Fatalf("the tests do not run in a git work tree (%v): the blocks run in a fresh clone of it", err)
 		}
@@ -259,7 +259,7 @@ func gitOut(t *testing.T, dir string, args ...string) string {
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0")
-	out, err := cmd.Output()
+	out, err := harness.Output(cmd)
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -312,6 +312,7 @@ func readText(path string) string {
 // for go install, no environment of the test's own (AUTHPLANE_*, NATS_*).
 func (r *blockRun) start(blocks []docBlock) {
 	t := r.t
+	harness.AuthplaneBinary(t) // compiles what the blocks' go run would: see GOFLAGS below
 	r.blocksDir, r.outTo = filepath.Join(r.tmp, "blocks"), filepath.Join(r.tmp, "out")
 	bin := filepath.Join(r.tmp, "bin")
 	for _, dir := range []string{r.blocksDir, r.outTo, bin, filepath.Join(r.tmp, "xdg")} {
@@ -337,21 +338,27 @@ func (r *blockRun) start(blocks []docBlock) {
 	}
 	var env []string
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "AUTHPLANE_") || strings.HasPrefix(k, "NATS_") || k == "D" || k == "GOBIN" || k == "PATH" || k == "GOFLAGS" {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == harness.MarkEnv { // what the test binary started, its guardian ends
+			env = append(env, kv)
+			continue
+		}
+		if strings.HasPrefix(k, "AUTHPLANE_") || strings.HasPrefix(k, "NATS_") || k == "D" || k == "GOBIN" || k == "PATH" || k == "GOFLAGS" || k == "CGO_ENABLED" {
 			continue
 		}
 		env = append(env, kv)
 	}
 	env = append(env, "D="+r.d, "GOBIN="+bin, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"XDG_CONFIG_HOME="+filepath.Join(r.tmp, "xdg"),
-		// The same build, cached whatever the clone's path: a block's go run is a link at most.
-		"GOFLAGS=-trimpath -mod=readonly")
+		// The image's build (Dockerfile: CGO_ENABLED=0, -trimpath), cached whatever the clone's
+		// path: the binary the tests built (harness.AuthplaneBinary, before the shell starts)
+		// compiled every package, so a block's go run is a link at most.
+		"CGO_ENABLED=0", "GOFLAGS=-trimpath -mod=readonly")
 	for _, name := range names {
 		env = append(env, name+"="+r.ports[name])
 	}
 	r.cmd = exec.Command("bash", "--noprofile", "--norc")
 	r.cmd.Dir, r.cmd.Env = r.clone, env
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var err error
 	if r.stdin, err = r.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -366,13 +373,13 @@ func (r *blockRun) start(blocks []docBlock) {
 		t.Fatal(err)
 	}
 	r.cmd.Stderr = errFile
-	if err := r.cmd.Start(); err != nil {
+	if err := harness.Start(r.cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		// Whatever a failed run left: the shell and everything it started, one process group.
-		if err := syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("kill the blocks' processes: %v", err)
+		if err := harness.KillGroup(r.cmd); err != nil {
+			t.Error(err)
 		}
 		if err := r.cmd.Wait(); err != nil {
 			t.Logf("the blocks' shell: %v", err)
@@ -576,7 +583,7 @@ func (r *blockRun) summaries(want int) [][2]string {
 	t.Helper()
 	re := regexp.MustCompile(`(?m)^authplane \S+ serving space "default"\n  instance  (\S+) \(epoch (\d+)\)$`)
 	var got [][2]string
-	harness.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 		got = nil
 		for _, res := range r.section() {
 			for _, m := range re.FindAllStringSubmatch(res.stdout(), -1) {

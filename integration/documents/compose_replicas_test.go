@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // The compose file's replicas, run as it runs them but against one local node (--replicas 1,
@@ -80,7 +81,7 @@ func TestComposeReplicasKeepTheirIdentityWithoutAStateVolume(t *testing.T) {
 	if iid, epoch := summaryInstance(t, again); iid != iid1 || epoch != 1 || dir == dir1 {
 		t.Fatalf("plane1 recreated in %s: got instance %s epoch %d, want %s epoch 1", dir, iid, epoch, iid1)
 	}
-	harness.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 		groups := harness.ByInstance(harness.ServiceInstances(t, p.Ops(t)))
 		if len(groups) != 2 || len(groups[iid1]) == 0 || len(groups[iid2]) == 0 || groups[iid1][0].Metadata["epoch"] != "1" {
 			return fmt.Errorf("service instances by plane: %v, want plane1 (%s, epoch 1) and plane2 (%s)", harness.Keys(groups), iid1, iid2)
@@ -93,7 +94,7 @@ func TestComposeReplicasKeepTheirIdentityWithoutAStateVolume(t *testing.T) {
 func summaryInstance(t testing.TB, proc *harness.Process) (string, uint64) {
 	t.Helper()
 	var m []string
-	harness.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if m = regexp.MustCompile(`(?m)^  instance  (\S+) \(epoch (\d+)\)$`).FindStringSubmatch(proc.Stdout.String()); m == nil {
 			return fmt.Errorf("no instance line in the summary yet: %q", proc.Stdout.String())
 		}

@@ -139,7 +139,7 @@ func TestComposeFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+	if out, err := harness.CombinedOutput(exec.Command(bin, args...)); err != nil {
 		t.Fatalf("authplane %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	conf := initFlags["server-conf"]
@@ -294,7 +294,7 @@ func TestComposeFile(t *testing.T) {
 // a value (a flag package usage line is "  -name type" for a value, "  -name" for a bool).
 func composeFlagSpec(t *testing.T, bin, cmd string) map[string]bool {
 	t.Helper()
-	out, err := exec.Command(bin, cmd, "-h").CombinedOutput()
+	out, err := harness.CombinedOutput(exec.Command(bin, cmd, "-h"))
 	if err != nil {
 		t.Fatalf("authplane %s -h: %v\n%s", cmd, err, out)
 	}

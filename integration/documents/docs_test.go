@@ -1,7 +1,9 @@
 package documents
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
 )
@@ -242,5 +245,43 @@ func TestNoFileCitesADocumentOutsideTheRepository(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// testSupport are the packages only tests may import.
+var testSupport = []string{
+	"github.com/cotal-ai/authplane/integration/internal/harness",
+	"github.com/cotal-ai/authplane/internal/store/storetest",
+	"github.com/cotal-ai/authplane/internal/testkit",
+}
+
+// TestNoProductionPackageImportsATestSupportPackage: no package outside integration/ imports a
+// test-support package, directly or not (`go list`'s Deps, without the tests).
+func TestNoProductionPackageImportsATestSupportPackage(t *testing.T) {
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, "./...")
+	cmd.Dir = repoRoot
+	out, err := harness.Output(cmd)
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			t.Fatalf("go list: %v\n%s", err, exit.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if strings.HasPrefix(fields[0], "github.com/cotal-ai/authplane/integration/") || slices.Contains(testSupport, fields[0]) {
+			continue
+		}
+		checked++
+		for _, dep := range fields[1:] {
+			if slices.Contains(testSupport, dep) {
+				t.Errorf("%s imports the test-support package %s", fields[0], dep)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("go list named %d packages outside the tests; the reader is broken", checked)
 	}
 }

@@ -59,25 +59,25 @@ func TestTheImageBinaryIsStaticAndRunsAsANonRootUser(t *testing.T) {
 // has none; the test above checks what can be checked without one.)
 func TestTheImageBuildsWhereADockerEngineRuns(t *testing.T) {
 	t.Parallel()
-	if err := exec.Command("docker", "version", "--format", "{{.Server.Version}}").Run(); err != nil {
+	if err := harness.Run(exec.Command("docker", "version", "--format", "{{.Server.Version}}")); err != nil {
 		t.Skip("no Docker engine here")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	tag := "authplane-test:" + ids.UID()
-	if out, err := exec.CommandContext(ctx, "docker", "build", "-t", tag, repoRoot).CombinedOutput(); err != nil {
+	if out, err := harness.CombinedOutput(exec.CommandContext(ctx, "docker", "build", "-t", tag, repoRoot)); err != nil {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("docker", "image", "rm", tag).CombinedOutput(); err != nil {
+		if out, err := harness.CombinedOutput(exec.Command("docker", "image", "rm", tag)); err != nil {
 			t.Errorf("docker image rm %s: %v\n%s", tag, err, out)
 		}
 	})
-	out, err := exec.CommandContext(ctx, "docker", "image", "inspect", "--format", "{{.Config.User}}", tag).Output()
+	out, err := harness.Output(exec.CommandContext(ctx, "docker", "image", "inspect", "--format", "{{.Config.User}}", tag))
 	if got := strings.TrimSpace(string(out)); err != nil || got != dockerUser(t) {
 		t.Errorf("image user: got %q (%v), want the Dockerfile's %s", got, err, dockerUser(t))
 	}
-	if out, err := exec.CommandContext(ctx, "docker", "run", "--rm", tag, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "authplane ") {
+	if out, err := harness.CombinedOutput(exec.CommandContext(ctx, "docker", "run", "--rm", tag, "version")); err != nil || !strings.HasPrefix(string(out), "authplane ") {
 		t.Errorf("docker run %s version: %v\n%s", tag, err, out)
 	}
 }

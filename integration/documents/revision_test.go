@@ -41,10 +41,10 @@ func TestTheImageReportsTheRevisionItIsBuiltFrom(t *testing.T) {
 	cmd := exec.Command("go", append([]string{args[0], "-buildvcs=false"}, args[1:]...)...)
 	cmd.Dir = repoRoot
 	cmd.Env = append(os.Environ(), env...)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := harness.CombinedOutput(cmd); err != nil {
 		t.Fatalf("go %v: %v\n%s", args, err, out)
 	}
-	out, err := exec.Command(bin, "version").Output()
+	out, err := harness.Output(exec.Command(bin, "version"))
 	if err != nil {
 		t.Fatalf("authplane version: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/audit"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -47,7 +48,7 @@ func TestAFloodOfExchangesIsBoundedPerOwner(t *testing.T) {
 	f.Clock.Advance(time.Minute + time.Second)
 	harness.Exchange(t, f.HTTPURL(), flood, f.Cap...)
 	var sum audit.Summary
-	harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		m, err := harness.LastMsg(t, f.TestPlane, subjects.AuditStream(harness.TestSpace), subjects.AuditSubject(harness.TestSpace, audit.Exchanged+"-summary", flooder, "_"))
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -126,7 +127,7 @@ func TestOnePeerCannotHoldEveryPublicSlot(t *testing.T) {
 			for _, c := range held {
 				c.Close()
 			}
-			harness.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 				if c, _, line := slowBody(t, addr, tt.from, "/exchange", tt.flood...); !strings.HasPrefix(line, "HTTP/1.1 100") {
 					return fmt.Errorf("after releasing: got %q, want the body read", line)
 				} else {
@@ -234,7 +235,7 @@ func TestTheLoopbackDoorsShareOneBudget(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	harness.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if r := harness.Post(t, f.HTTPURL()+"/exchange", good, f.Cap...); r.Status != http.StatusOK {
 			return fmt.Errorf("after releasing: got %d %s, want 200", r.Status, r.Body)
 		}
@@ -268,7 +269,7 @@ func TestADoorWhoseWorkOutlastsTheBodyTimeoutStillAnswers(t *testing.T) {
 				}
 				got <- harness.Reply{Status: status, Body: []byte(code)}
 			}()
-			harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 				if f.Ip.Fetches.Load() == before {
 					return fmt.Errorf("no key set fetch yet")
 				}

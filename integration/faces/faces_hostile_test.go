@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -293,7 +295,7 @@ func TestThePublicFaceCapsRequestsInFlight(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	harness.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if r := harness.Get(t, f.PublicURL()+"/health"); r.Status != http.StatusOK {
 			return fmt.Errorf("after releasing: got %d %s, want 200", r.Status, r.Body)
 		}
@@ -321,13 +323,12 @@ func TestAHungUpJunkTokenDoesNotBlindTheIdPVerifier(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close() // hang up at once
-	deadline := time.Now().Add(10 * time.Second)
-	for f.Ip.Fetches.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the junk token's key set fetch never reached the IdP")
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if f.Ip.Fetches.Load() == 0 {
+			return errors.New("the junk token's key set fetch never reached the IdP")
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	r := harness.Post(t, f.PublicURL()+"/exchange", map[string]any{"idpToken": f.Token(t, "victim", time.Hour), "actor": "cli"})
 	if r.Status != http.StatusOK {
 		t.Fatalf("a genuine exchange after a hung-up junk token: got %d %s, want 200", r.Status, r.Body)

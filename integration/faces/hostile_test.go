@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -203,7 +204,7 @@ func TestAFloodOfRefusalsCannotEvictAnotherOwnersRecord(t *testing.T) {
 	if err := flooder.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	harness.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		if c := harness.Counters(t, p, subjects.EndpointManagerAuthority); c.Requests < sent+1 {
 			return fmt.Errorf("the plane has answered %d of %d requests", c.Requests, sent+1)
 		}

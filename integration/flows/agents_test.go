@@ -11,6 +11,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // After `authplane agent --revoke`, a connection opened with the old bearer must not stay up
@@ -63,7 +64,7 @@ func TestAgentRevokeClosesItsLiveConnections(t *testing.T) {
 	// The revoke returns once the broker lists none of the agent's connections.
 	for i, nc := range conns {
 		if !nc.IsClosed() {
-			harness.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
+			testkit.CheckFor(t, time.Second, 10*time.Millisecond, func() error {
 				if !nc.IsClosed() {
 					return fmt.Errorf("the agent's connection %d is %s after its revoke, want it closed", i, nc.Status())
 				}

@@ -15,6 +15,7 @@ import (
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/supervisor"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -111,7 +112,7 @@ func TestEndsOnOneServiceInstanceRunAtOnce(t *testing.T) {
 
 	_, err := pa.C.End(harness.CallCtx(t), client.End{Owner: lives[0].Owner, InstanceID: lives[0].M.Iid, LifecycleUID: lives[0].M.Uid, Reason: ""})
 	harness.WantRefusalOf(t, "an end without a reason", err, "bad-request", "reason")
-	harness.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		got, requests := detachedCounts(t, p)
 		want := handlers.DetachedCounters{Answered: 3, Errors: 1, LastError: "400:bad-request"}
 		if got.Answered != want.Answered || got.Errors != want.Errors || got.LastError != want.LastError || got.InFlight != 0 || requests != 3 {
@@ -164,7 +165,7 @@ func TestAPlaneStoppingWithAnEndUnderWayAnswersIt(t *testing.T) {
 	closed := make(chan error, 1)
 	go func() { closed <- p.Close() }()
 	// The services have stopped once no instance answers a ping; the end is still held.
-	harness.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		_, err := ops.Request("$SRV.PING."+subjects.ServiceName, nil, time.Second)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("a ping: got %v, want no responders", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -331,7 +332,7 @@ func TestAnOlderAccountJWTPushedAfterAnEndIsUndoneByTheRecheck(t *testing.T) {
 	}
 	// The recheck leaves the set to the end's own round for revocation.RecheckGrace after its
 	// signing, then signs it again.
-	harness.CheckFor(t, revocation.RecheckGrace+20*time.Second, 100*time.Millisecond, func() error {
+	testkit.CheckFor(t, revocation.RecheckGrace+20*time.Second, 100*time.Millisecond, func() error {
 		if n := revokes(); n != len(r.Revoked.NKeys) {
 			return fmt.Errorf("the broker revokes %d of the end's %d keys", n, len(r.Revoked.NKeys))
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -22,7 +23,7 @@ func shortAssignment() time.Time { return time.Unix(time.Now().Unix()+10, 0) }
 // waitPast polls until the clock is past end (no sleep and hope).
 func waitPast(t testing.TB, end time.Time) {
 	t.Helper()
-	harness.CheckFor(t, time.Until(end)+10*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, time.Until(end)+10*time.Second, 50*time.Millisecond, func() error {
 		if !time.Now().After(end.Add(time.Second)) {
 			return fmt.Errorf("now is %s, the assignment ends at %s", time.Now().Format(time.TimeOnly), end.Format(time.TimeOnly))
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -29,7 +30,7 @@ func TestASupervisedManagerRunsOnItsAssignment(t *testing.T) {
 			t.Fatal(err)
 		}
 		harness.Flush(t, starter)
-		harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 			_, err := harness.LastMsg(t, p, subjects.WitnessStream(harness.TestSpace, s.Owner), rs.Subject())
 			return err
 		})

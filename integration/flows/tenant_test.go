@@ -16,6 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/supervisor"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -504,7 +505,7 @@ func TestAnOwnersCalloutConnectionsAreBoundedABearersLife(t *testing.T) {
 			t.Fatalf("connection %d of %d a bearer's life: %v", i+1, perOwner, err)
 		}
 		nc.Close()
-		harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, closedAll) // not held to the connection cap
+		testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, closedAll) // not held to the connection cap
 	}
 	before := harness.StoreSeqs(t, p)
 	if nc, err := harness.BearerConnect(t, b, churner, harness.OwnerA, "worker", nats.MaxReconnects(0)); err == nil {

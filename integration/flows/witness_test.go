@@ -15,6 +15,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -64,7 +65,7 @@ func TestAFloodOfRunStartsCannotEvictAnotherOwnersWitness(t *testing.T) {
 	harness.Grant(t, p, harness.OwnerB, "cli", "supervise")
 	bm := harness.NewManagerKeys(t)
 	harness.Registered(t, harness.CallerConn(t, p, harness.OwnerB, "cli"), harness.OwnerB, "cli", bm)
-	harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_witness_owners", nil); n != 2 {
 			return fmt.Errorf("authplane_witness_owners: got %v, want 2 (owners A and B)", n)
 		}
@@ -76,7 +77,7 @@ func TestAFloodOfRunStartsCannotEvictAnotherOwnersWitness(t *testing.T) {
 	flooder := harness.CallerConn(t, p, harness.OwnerB, "flood")
 	stored := func(subject string) {
 		t.Helper()
-		harness.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 			_, err := harness.LastMsg(t, p, harness.WitnessStream(harness.OwnerB), subject)
 			return err
 		})
@@ -102,7 +103,7 @@ func TestAFloodOfRunStartsCannotEvictAnotherOwnersWitness(t *testing.T) {
 		t.Errorf("owner B's oldest small run-start is still witnessed, want it pushed out by its newer ones")
 	}
 	pushedOut := float64(len(flood) + len(small) - runs)
-	harness.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_witness_evicted_total", nil); n != pushedOut {
 			return fmt.Errorf("authplane_witness_evicted_total: got %v, want %v (owner B's own, pushed out)", n, pushedOut)
 		}
@@ -211,7 +212,7 @@ func TestAnUpgradeFromTheSharedWitnessCapturesEveryOwnerAgain(t *testing.T) {
 	if _, err := js.Stream(t.Context(), subjects.SharedWitnessStream(harness.TestSpace)); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("the shared witness after the upgrade: %v, want it gone", err)
 	}
-	harness.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		_, err := js.Stream(t.Context(), harness.WitnessStream(harness.OwnerA))
 		return err
 	})

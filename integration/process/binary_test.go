@@ -24,6 +24,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -49,7 +50,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("auth-service.json: got mode %o, want 600", fi.Mode().Perm())
 		}
-		harness.CheckFor(t, 5*time.Second, 25*time.Millisecond, func() error {
+		testkit.CheckFor(t, 5*time.Second, 25*time.Millisecond, func() error {
 			if out := proc.Stdout.String(); !strings.Contains(out, info.NATSURL) || !strings.Contains(out, "micro info "+subjects.ServiceName) {
 				return fmt.Errorf("stdout %q: want the nats URL %s and a `nats micro info` command to try", out, info.NATSURL)
 			}
@@ -109,7 +110,7 @@ func TestBinaryServesHealthCredsGrantAndMicroInfoThenStopsCleanlyOnSIGTERM(t *te
 		cmd := exec.CommandContext(ctx, natsCLI, "--server", info.NATSURL, "--creds", out,
 			"--inbox-prefix", subjects.InboxPrefix(harness.OwnerA, "cli"), "micro", "info", subjects.ServiceName, "--json")
 		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()) // no saved contexts
-		raw, err := cmd.Output()
+		raw, err := harness.Output(cmd)
 		if err != nil {
 			t.Fatalf("nats micro info: %v\n%s", err, raw)
 		}

@@ -80,7 +80,7 @@ func TestServeReportsEveryConfigurationProblemAtOnceAndNoSecret(t *testing.T) {
 // something that does not parse, and each variable is named in one report.
 func TestEveryServeFlagReadsItsEnvironmentVariable(t *testing.T) {
 	t.Parallel()
-	out, err := exec.Command(harness.AuthplaneBinary(t), "serve", "-h").CombinedOutput()
+	out, err := harness.CombinedOutput(exec.Command(harness.AuthplaneBinary(t), "serve", "-h"))
 	if err != nil {
 		t.Fatalf("serve -h: %v\n%s", err, out)
 	}

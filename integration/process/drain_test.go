@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -156,7 +157,7 @@ func TestSIGTERMDrainsAndExitsZeroWithNothingHalfDone(t *testing.T) {
 			}
 		})
 	}
-	harness.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(all) < 20 {

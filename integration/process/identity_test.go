@@ -20,6 +20,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -122,7 +123,7 @@ func TestTwoReplicasClaimingOneNameEndWithOneRecordAndOneServing(t *testing.T) {
 		t.Fatalf("plane2: got instance %s epoch %d, want a fresh instance at epoch 0", third.InstanceID(), third.Epoch())
 	}
 	var groups map[string][]micro.Info
-	harness.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 		groups = harness.ByInstance(harness.ServiceInstances(t, third.Ops(t)))
 		if len(groups) != 2 || len(groups[a.InstanceID]) != 2 || len(groups[third.InstanceID()]) != 2 {
 			return fmt.Errorf("service instances by plane: got %d planes %v, want the survivor's 2 and plane2's 2", len(groups), harness.Keys(groups))

@@ -20,6 +20,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -333,7 +334,7 @@ func TestBucketWithTheWrongConfigurationRefusesTheStart(t *testing.T) {
 			}
 			// Polled: a binary another test forks at this moment holds a copy of every open file
 			// until its exec closes them, the lock's too.
-			harness.CheckFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+			testkit.CheckFor(t, 2*time.Second, 20*time.Millisecond, func() error {
 				lock, err := instance.Acquire(start.Dir)
 				if err != nil {
 					return fmt.Errorf("after the refused start: %w, want the state dir free", err)

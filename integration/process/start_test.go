@@ -154,7 +154,7 @@ func TestServeRefusesAStateDirItsUserCannotRead(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "serve", "--dir", dir, "--space-dir", spaceDir, "--nats-port", "0", "--http-port", "0")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	out, err := cmd.CombinedOutput()
+	out, err := harness.CombinedOutput(cmd)
 	uid := os.Geteuid()
 	if cred != nil {
 		uid = int(cred.Uid)

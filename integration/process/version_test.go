@@ -20,7 +20,7 @@ func TestVersionPrintsTheModuleVersionAndRevisionTheBinaryRecords(t *testing.T) 
 	if code != 0 {
 		t.Fatalf("authplane version: exit %d\n%s", code, stderr)
 	}
-	raw, err := exec.Command("go", "version", "-m", bin).Output()
+	raw, err := harness.Output(exec.Command("go", "version", "-m", bin))
 	if err != nil {
 		t.Fatalf("go version -m: %v", err)
 	}

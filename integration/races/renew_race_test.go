@@ -11,6 +11,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -85,7 +86,7 @@ func TestNoRenewalCommitsAfterItsInstanceIsReRegistered(t *testing.T) {
 			})
 		}
 		// Renewals are flowing; re-register the instance while they do.
-		harness.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		testkit.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 			mu.Lock()
 			defer mu.Unlock()
 			if len(renewed) < requesters {

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // grouped returns a bucket holding r at "k", grouped, with the fence there observed.
@@ -29,13 +31,12 @@ func grouped(t *testing.T, r row) (*storetest.KV, *fence.Grouped, *fence.Fence[r
 // waitFor polls cond until it holds, failing after a few seconds: never sleep and hope.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s", what)
+	testkit.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
+		if !cond() {
+			return fmt.Errorf("not yet: %s", what)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // holdFirstWrite makes the bucket's first write wait until release is closed, and counts every

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // clock is a settable clock for the refresh interval.
@@ -117,13 +118,12 @@ func TestAFetchInFlightStallsNoOneElseAndIsShared(t *testing.T) {
 	for i := range waiters {
 		wg.Go(func() { _, errs[i] = v.Verify(context.Background(), junkToken(t, "rotated")) })
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Fetches.Load() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no fetch began for an unknown kid")
+	testkit.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if p.Fetches.Load() < 2 {
+			return errors.New("no fetch began for an unknown kid")
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	done := make(chan error, 1)
 	go func() { _, err := v.Verify(context.Background(), genuine); done <- err }()
 	select {

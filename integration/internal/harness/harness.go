@@ -177,31 +177,6 @@ func ClosePlane(t testing.TB, p *service.Plane) {
 	}
 }
 
-// CheckFor calls fn every `every` until it returns nil, and fails the test with fn's last
-// error if that has not happened within total. Poll; never sleep and hope.
-func CheckFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for {
-		if err = fn(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
-
-// Main runs a test package's tests (call it from TestMain) and then removes the binary
-// AuthplaneBinary built.
-func Main(m *testing.M) {
-	code := m.Run()
-	removeBinary()
-	os.Exit(code)
-}
-
 // reportMu serializes the reports of tests that run in parallel.
 var reportMu sync.Mutex
 

@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // ReadBody reads and closes an HTTP response's body.
@@ -45,7 +47,7 @@ func Health(t testing.TB, url string) (int, map[string]any) {
 // WaitUnhealthy polls /health until it answers 503 with a reason that contains want.
 func WaitUnhealthy(t testing.TB, url, want string) {
 	t.Helper()
-	CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		status, got := Health(t, url)
 		if reason, _ := got["reason"].(string); status != http.StatusServiceUnavailable || got["ok"] != false || !strings.Contains(reason, want) {
 			return fmt.Errorf("GET /health: got %d %v, want 503 {ok:false} with a reason about %q", status, got, want)

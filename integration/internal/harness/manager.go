@@ -20,6 +20,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -374,7 +375,7 @@ func (a *AsyncErrors) All() []error {
 // or "Subscription") on subject.
 func (a *AsyncErrors) WaitViolation(t testing.TB, op, subject string) {
 	t.Helper()
-	CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 		err := a.Violation(subject)
 		if err == nil {
 			return fmt.Errorf("got no permissions violation for %s to %q (errors so far: %v), want one", op, subject, a.All())

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -42,7 +43,7 @@ func removeBinary() {
 func AuthplaneBinary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
-		out, err := exec.Command("go", "env", "GOMOD").Output()
+		out, err := Output(exec.Command("go", "env", "GOMOD"))
 		if err != nil {
 			binErr = fmt.Errorf("go env GOMOD: %w", err)
 			return
@@ -70,7 +71,7 @@ func AuthplaneBinary(t testing.TB) string {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if out, err := CombinedOutput(cmd); err != nil {
 			binErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
 	})
@@ -168,7 +169,7 @@ func StartAuthplaneEnv(t testing.TB, dir string, env []string, args ...string) *
 	}
 	p.Cmd.Stdout = &p.Stdout
 	p.Cmd.Stderr = io.MultiWriter(&p.Stderr, logSink())
-	if err := p.Cmd.Start(); err != nil {
+	if err := Start(p.Cmd); err != nil {
 		t.Fatalf("start authplane %v: %v", args, err)
 	}
 	go func() {
@@ -179,8 +180,8 @@ func StartAuthplaneEnv(t testing.TB, dir string, env []string, args ...string) *
 		select {
 		case <-p.Done:
 		default:
-			if err := p.Cmd.Process.Kill(); err != nil {
-				t.Errorf("kill authplane %v: %v", args, err)
+			if err := KillGroup(p.Cmd); err != nil {
+				t.Error(err)
 			}
 			<-p.Done
 		}
@@ -227,7 +228,7 @@ func RunAuthplane(t testing.TB, timeout time.Duration, args ...string) (code int
 func ReadServiceInfo(t testing.TB, dir string, within time.Duration) admin.ServiceInfo {
 	t.Helper()
 	var info *admin.ServiceInfo
-	CheckFor(t, within, 25*time.Millisecond, func() error {
+	testkit.CheckFor(t, within, 25*time.Millisecond, func() error {
 		var err error
 		info, err = admin.ReadServiceInfo(dir)
 		return err
@@ -239,7 +240,7 @@ func ReadServiceInfo(t testing.TB, dir string, within time.Duration) admin.Servi
 func WaitReady(t *testing.T, proc *Process, dir string) admin.ServiceInfo {
 	t.Helper()
 	var info admin.ServiceInfo
-	CheckFor(t, 30*time.Second, 25*time.Millisecond, func() error {
+	testkit.CheckFor(t, 30*time.Second, 25*time.Millisecond, func() error {
 		select {
 		case <-proc.Done:
 			t.Fatalf("authplane %v exited before it was ready: %v\nstderr:\n%s", proc.Cmd.Args[1:], proc.Err, proc.Stderr.String())

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -65,7 +66,7 @@ func (env *RunEnv) RunStart(route, iid string) string {
 	if err := env.Starter.Flush(); err != nil {
 		env.t.Fatal(err)
 	}
-	CheckFor(env.t, 5*time.Second, 10*time.Millisecond, func() error {
+	testkit.CheckFor(env.t, 5*time.Second, 10*time.Millisecond, func() error {
 		_, err := LastMsg(env.t, env.P, subjects.WitnessStream(TestSpace, OwnerA), subject)
 		return err
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -143,7 +144,7 @@ type DecisionRecord struct {
 func LastDecision(t testing.TB, p *TestPlane, decision, owner, actor string) DecisionRecord {
 	t.Helper()
 	var d DecisionRecord
-	CheckFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+	testkit.CheckFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		m, err := LastMsg(t, p, subjects.AuditStream(TestSpace), subjects.AuditSubject(TestSpace, decision, owner, actor))
 		if err != nil {
 			return fmt.Errorf("no %s record for %s: %w", decision, subjects.Principal(owner, actor), err)
