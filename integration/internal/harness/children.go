@@ -73,6 +73,11 @@ func startGuardian() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Others may pass through, as through /tmp, not list it: a test runs the binary as another
+	// user from a folder of its own in here.
+	if err := os.Chmod(tmp, 0o711); err != nil {
+		return nil, err
+	}
 	if err := os.Setenv("TMPDIR", tmp); err != nil {
 		return nil, err
 	}
