@@ -33,6 +33,7 @@ func startHog(t *testing.T, url, creds string, want int) *harness.Hog {
 // auth callout, a JWT user past either is kicked within excessLife, and the plane renews its
 // serving user through the flood.
 func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
+	harness.Long(t, "waits out the plane's serving user's life")
 	t.Parallel()
 	const ttl = 10 * time.Second
 	logs := &harness.SyncBuffer{}
@@ -174,6 +175,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 // failure is counted, and the renewal is retried until a slot frees, before the current user
 // expires; then /health is ok again.
 func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
+	harness.Long(t, "waits out the plane's serving user's life")
 	t.Parallel()
 	const ttl = 15 * time.Second
 	s := harness.StartStandalone(t, harness.TestSpace)

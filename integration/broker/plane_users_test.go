@@ -19,6 +19,7 @@ import (
 // new connection whose services register before the old ones stop: callers renewing all the
 // while never meet "no responders".
 func TestPlaneRenewsItsOwnUsersBeforeTheyExpire(t *testing.T) {
+	harness.Long(t, "waits out the plane's own users' life")
 	t.Parallel()
 	const ttl = 10 * time.Second
 	logs := &harness.SyncBuffer{}

@@ -22,6 +22,7 @@ import (
 // within the request's deadline, with no credential. Once the servers are back, no fence has
 // moved, the only records are the refused request's own, and the plane serves again.
 func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
+	harness.Long(t, "a three-node cluster")
 	t.Parallel()
 	const deadline = 2 * time.Second
 	c := startCluster(t, harness.TestSpace, 3)

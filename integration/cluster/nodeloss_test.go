@@ -56,6 +56,7 @@ const (
 // written twice, and every credential a client received has its `minted` record. It logs a
 // table of each event's requests.
 func TestRenewalsSurviveLosingANodeAndTheMetaLeader(t *testing.T) {
+	harness.Long(t, "a three-node cluster")
 	// Not parallel: the recovery bound is timed, and the stores' error counters it reports are
 	// the process's.
 	c := startCluster(t, harness.TestSpace, 3)

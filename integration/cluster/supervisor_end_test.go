@@ -13,6 +13,7 @@ import (
 // to two different servers, are closed by their brokers, no server takes their credentials
 // again, and a server restarted afterwards still refuses them.
 func TestSupervisorEndRevokesOnAThreeNodeCluster(t *testing.T) {
+	harness.Long(t, "a three-node cluster")
 	t.Parallel()
 	c := startCluster(t, harness.TestSpace, 3)
 	_, pa, s := harness.SupervisedPlane(t, againstCluster(c), time.Now().Add(time.Hour))

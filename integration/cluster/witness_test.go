@@ -12,6 +12,7 @@ import (
 // On a cluster each owner's witness is replicated like every store (--replicas 3), and two
 // plane replicas admit a witnessed run-start once between them.
 func TestOnAClusterAnOwnersWitnessIsReplicatedAndAdmittedOnce(t *testing.T) {
+	harness.Long(t, "a three-node cluster")
 	t.Parallel()
 	c := startCluster(t, harness.TestSpace, 3)
 	a := harness.StartPlane(t, againstCluster(c))

@@ -145,6 +145,7 @@ var portDefault = regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*):-(\d{4,5})\}`)
 // It needs the tools the blocks call; .ci/run installs the pinned nats CLI and nats-server and
 // sets AUTHPLANE_REQUIRE_TOOLS=1, without which a missing tool skips the test.
 func TestEveryDocumentedBlockRunsAsPastedInAFreshClone(t *testing.T) {
+	harness.Long(t, "every documented block in a fresh clone, minutes")
 	t.Parallel()
 	for _, tool := range blocksTools {
 		if _, err := exec.LookPath(tool); err != nil {

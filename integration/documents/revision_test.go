@@ -19,6 +19,7 @@ import (
 // version` names that revision. docker-compose.yml passes the same argument on. (The base
 // images cannot be pulled here, so the mechanism is tested, not the image.)
 func TestTheImageReportsTheRevisionItIsBuiltFrom(t *testing.T) {
+	harness.Long(t, "builds the binary a second time")
 	t.Parallel()
 	ignore, err := os.ReadFile(filepath.Join(repoRoot, ".dockerignore"))
 	if err != nil {

@@ -196,6 +196,7 @@ func TestAnUnknownKidFloodFetchesTheIdPKeySetOnce(t *testing.T) {
 // each read. (Here the wait for a body is as long as the deadline; by default a body is cut
 // after 2 s, TestABodyMustArriveWithinTwoSecondsOfItsHeaders.)
 func TestASlowPublicBodyIsCutAtTheDeadline(t *testing.T) {
+	harness.Long(t, "waits out the public face's 10 s deadline")
 	t.Parallel()
 	f := harness.StartFaces(t, func(c *service.Config) { c.HTTPBodyTimeout = handlers.PublicDeadline })
 	conn, err := net.Dial("tcp", strings.TrimPrefix(f.PublicURL(), "http://"))

@@ -300,6 +300,7 @@ func heldAccount(t testing.TB, p *harness.TestPlane) (broker.Account, string) {
 // issue time), so the broker stops revoking the end's keys. The plane's recheck finds a key of
 // the set the broker does not revoke and signs and pushes the set again.
 func TestAnOlderAccountJWTPushedAfterAnEndIsUndoneByTheRecheck(t *testing.T) {
+	harness.Long(t, "waits for the revocation set's recheck")
 	t.Parallel()
 	p, pa, s := harness.SupervisedPlane(t, func(c *service.Config) {
 		if c.Hooks == nil {

@@ -59,6 +59,7 @@ func wantClamped(t testing.TB, end time.Time, materials ...*client.Material) {
 // decoded to an exp no later than the assignment's expiresAt; once it has passed, renew and
 // prepare are refused and write nothing, and the credentials no longer connect.
 func TestEveryCredentialIssuedUnderAnAssignmentExpiresByItsEnd(t *testing.T) {
+	harness.Long(t, "waits out an assignment's end")
 	t.Parallel()
 	end := shortAssignment()
 	p, pa, s := harness.SupervisedPlane(t, nil, end)
@@ -104,6 +105,7 @@ func TestEveryCredentialIssuedUnderAnAssignmentExpiresByItsEnd(t *testing.T) {
 // renewing through manager-authority, and a person of its owner with supervise, are clamped to
 // the assignment; after it they are refused, with no end called.
 func TestASupervisedManagerRenewingItselfIsClampedToItsAssignmentAndRefusedAfterIt(t *testing.T) {
+	harness.Long(t, "waits out an assignment's end")
 	t.Parallel()
 	end := shortAssignment()
 	p, _, s := harness.SupervisedPlane(t, nil, end)

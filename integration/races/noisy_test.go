@@ -77,6 +77,7 @@ var (
 // are "not witnessed"; no per-peer HTTP cap and its exchanges are 503 busy; no per-principal
 // connection cap and its connections are refused.
 func TestANoisyOwnersFloodsLeaveAnotherOwnerWorkingAndItsRecordsKept(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	f := harness.StartFaces(t, func(c *service.Config) {
 		// The connection test's account: small enough for one credential to fill it.

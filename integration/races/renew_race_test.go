@@ -24,6 +24,7 @@ import (
 // the instance's own supervisor (a manager renewing itself), half the person who prepared it,
 // each on its own connection, so both ways a renewal is authorized race the fence.
 func TestNoRenewalCommitsAfterItsInstanceIsReRegistered(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	const rounds, requesters = 20, 16
 	p := harness.StartPlane(t, func(c *service.Config) { harness.Unbudgeted(c); c.Workers = 8 })

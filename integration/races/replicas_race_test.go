@@ -113,6 +113,7 @@ func (r *replicaRace) served() {
 // gate revision before the re-registration's; the others were refused conflict, at their
 // commit or before signing for a stale epoch), and the new registration is activated.
 func TestReRegistrationRacingRenewalsFromTwoReplicasOrdersEveryCredential(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	const rounds = 200
 	r := newReplicaRace(t, nil)
@@ -211,6 +212,7 @@ func (rv *rendezvous) hook(i int) func() {
 // A CAS lost to another mint's commit (the gate's bytes unchanged) is retried, never refused:
 // every renewal is issued, and the checker finds each ordered and recorded.
 func TestGateCASContendedByTwoReplicasIssuesEveryRenewal(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	const rounds, together = 200, 6
 	rv := &rendezvous{}

@@ -14,6 +14,7 @@ import (
 // after the revocation's (or the takeover's, for the old hold's renewals), every one has its
 // `minted` record, and every refusal is one a manager can act on.
 func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	const rounds = 200
 	env := harness.NewRunEnv(t, harness.StartPlane(t, func(c *service.Config) { harness.Unbudgeted(c); c.Workers = 4 }))
@@ -64,6 +65,7 @@ func TestNoRunCredentialCommitsAfterItsRevocation(t *testing.T) {
 // Two plane replicas on one broker serve admissions of the same witness: over 100 trials, one
 // witness is admitted at most once (here: exactly once), whichever replica each request meets.
 func TestTwoReplicasAdmitAWitnessOnce(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	s := harness.StartStandalone(t, harness.TestSpace)
 	a := harness.StartPlane(t, func(c *service.Config) { harness.AgainstStandalone(s)(c); c.Rate = 0 })

@@ -225,6 +225,7 @@ func (l laneT) FailNow() { l.Fail(); runtime.Goexit() }
 // returns; no credential's exp passes the assignment's end; the generations' evidence is what
 // was staged. (Ends that run together share their pushes to the broker.)
 func TestEndRacingSupervisorMintsAndSelfRenewalsLeavesNothingValid(t *testing.T) {
+	harness.Long(t, "a race's volume")
 	t.Parallel()
 	const rounds, together = 200, 20
 	w := newRaceWatch(t)

@@ -177,6 +177,15 @@ func ClosePlane(t testing.TB, p *service.Plane) {
 	}
 }
 
+// Long skips t in the fast tier (go test -short), saying why it is not in it: a cluster, a
+// race's volume, minutes of work. The default tier runs every test.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("not in the -short tier: " + why)
+	}
+}
+
 // reportMu serializes the reports of tests that run in parallel.
 var reportMu sync.Mutex
 
