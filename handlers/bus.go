@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -27,29 +28,28 @@ type Bus struct {
 	Log     *slog.Logger
 }
 
-// Counters is what an endpoint reports in `nats micro stats` (with --json) beside micro's own
-// numbers.
+// Counters is what an endpoint reports as its data (`nats micro info`, `nats micro stats --json`)
+// beside micro's own numbers. micro counts a request when its handler returns, and an error
+// only when the handler sends it on its own goroutine; the plane's handler hands each request
+// to the endpoint's pool and returns, so micro counts every request received and the time to
+// hand it over, and these count the answers.
 type Counters struct {
+	// Answered counts the answers sent, refusals included.
+	Answered uint64 `json:"answered"`
+	// Errors counts the refusals sent and the answers that could not be sent; LastError is the
+	// last one's number and code ("403:permission-denied", never the refusal's message, which
+	// quotes its caller), or the publish error.
+	Errors    uint64 `json:"errors"`
+	LastError string `json:"last_error,omitempty"`
+	// ProcessingTime is the time from each request's arrival to its answer, summed; InFlight
+	// the answers under way.
+	ProcessingTime time.Duration `json:"processing_time"`
+	InFlight       int           `json:"in_flight"`
 	// Dropped counts requests answered with nothing because their reply subject was not the
 	// caller's inbox (or their subject named no principal).
 	Dropped uint64 `json:"dropped"`
-	// Throttled counts requests refused by the per-principal rate limit.
+	// Throttled counts requests refused by the per-principal rate limit (in Errors too).
 	Throttled uint64 `json:"throttled"`
-	// Detached is an endpoint's own count of its answers when they are sent off micro's handler
-	// (Detached): micro's num_errors and processing_time then count only the hand-off.
-	Detached *DetachedCounters `json:"detached,omitempty"`
-}
-
-// DetachedCounters are a detached endpoint's answers: how many were sent, how many were
-// refusals or not sent (last_error is the last one's number and code, as micro keeps it, or
-// the publish error), the time from each request's hand-off to its answer, and how many are
-// under way. A request answered inline once the services stopped is micro's to count.
-type DetachedCounters struct {
-	Answered       uint64        `json:"answered"`
-	Errors         uint64        `json:"errors"`
-	LastError      string        `json:"last_error,omitempty"`
-	ProcessingTime time.Duration `json:"processing_time"`
-	InFlight       int           `json:"in_flight"`
 }
 
 // Stats returns the counters of a registered endpoint, for micro's StatsHandler.
@@ -58,100 +58,91 @@ func Stats(e *micro.Endpoint) any {
 	if !ok {
 		return nil
 	}
-	c := Counters{Dropped: h.dropped.Load(), Throttled: h.throttled.Load()}
-	if h.detached != nil {
-		c.Detached = h.answers.counters()
-	}
+	c := h.answers.counters()
+	c.Dropped, c.Throttled = h.dropped.Load(), h.throttled.Load()
 	return c
 }
 
-// Detached are the endpoints whose requests are answered off micro's handler, at most
-// DetachedInFlight at once per Register (per serving connection: a replica has two while it
-// renews its serving user). micro runs an instance's requests one at a time and
-// the broker hands each request to a random instance of the queue group, so a request that
-// waits long holds up whichever request comes next to its instance. supervisor-end waits on the
-// revocation set's round (up to a second for the next signing, then the broker's
-// confirmation): twenty ends at once over 32 instances put two or three on one instance, and
-// those took two or three rounds (p99 3 s in `authplane bench --phases ends`, against 1 s at
-// the plane).
-var Detached = map[string]bool{subjects.EndpointSupervisorEnd: true}
+// CountsNote is the service's metadata "counts", which `nats micro info` shows above micro's
+// figures: what they count, and where the answers are counted.
+const CountsNote = "micro: requests and their hand-off; data: the answers, refusals included"
 
-// DetachedInFlight bounds the detached answers under way per Register; past it an instance
-// waits for one to finish before it takes its next request, as it would answering inline.
-const DetachedInFlight = 64
-
-// Served is what one Register added: the service instances, and the detached answers under way.
+// Served is what one Register added: the service instance, and each endpoint's pool.
 type Served struct {
-	Services []micro.Service
-	detached *detached
+	Service micro.Service
+	pools   []*pool
 }
 
-// Stop stops every service instance, then waits until the detached answers under way are
-// sent, until by at the latest. A request micro delivers after that is answered inline.
+// Stop stops the service instance, then waits until the answers under way are sent, until by
+// at the latest. A request micro delivers after that is answered on its handler.
 func (s *Served) Stop(by time.Time) error {
 	var errs []error
-	for _, svc := range s.Services {
-		if err := svc.Stop(); err != nil {
+	if s.Service != nil {
+		if err := s.Service.Stop(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if s.detached != nil && !s.detached.wait(by) {
-		errs = append(errs, errors.New("detached answers still under way at the stop's deadline"))
+	under := 0
+	for _, p := range s.pools {
+		if !p.wait(by) {
+			under++
+		}
+	}
+	if under > 0 {
+		errs = append(errs, fmt.Errorf("answers of %d endpoints still under way at the stop's deadline", under))
 	}
 	return errors.Join(errs...)
 }
 
-// Register adds `workers` micro service instances of cfg to nc, each serving every endpoint of
-// fns in cfg's queue group. micro runs an endpoint's requests one at a time and takes its stats
-// when the handler returns, so the plane serves in parallel with instances, not copies: `nats
-// micro info` shows each endpoint once, and `nats micro stats` one row per instance. Each
-// instance's metadata says which worker it is. The Detached endpoints share one bound of
-// answers under way across the instances.
-func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, workers int) (*Served, error) {
-	served := &Served{detached: newDetached(nc, DetachedInFlight)}
-	for w := range max(workers, 1) {
-		c := cfg
-		c.Metadata = map[string]string{"worker": strconv.Itoa(w)}
-		for k, v := range cfg.Metadata {
-			c.Metadata[k] = v
+// Register adds one micro service instance of cfg to nc serving every endpoint of fns in cfg's
+// queue group, so `nats micro stats` shows one row per endpoint and replica. micro hands an
+// endpoint's requests to its handler one at a time; a request mostly waits on the stores, so
+// the handler hands it to the endpoint's pool, which answers at most inFlight at once (past
+// them the handler waits for a slot, and the broker's pending messages hold the rest), and
+// returns. Each endpoint has its own pool: a slow one (supervisor-end waits on the revocation
+// set's round) never holds up another.
+func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, inFlight int) (*Served, error) {
+	served := &Served{}
+	cfg.StatsHandler = Stats
+	cfg.Metadata = maps.Clone(cfg.Metadata)
+	if cfg.Metadata == nil {
+		cfg.Metadata = map[string]string{}
+	}
+	cfg.Metadata["counts"] = CountsNote
+	svc, err := micro.AddService(nc, cfg)
+	if err != nil {
+		return served, fmt.Errorf("micro service %s: %w", cfg.Name, err)
+	}
+	served.Service = svc
+	group := svc.AddGroup(subjects.AuthPrefix(b.Space))
+	for _, name := range subjects.Endpoints {
+		fn, ok := fns[name]
+		if !ok {
+			return served, fmt.Errorf("endpoint %s has no handler", name)
 		}
-		c.StatsHandler = Stats
-		svc, err := micro.AddService(nc, c)
-		if err != nil {
-			return served, fmt.Errorf("micro service %s worker %d: %w", c.Name, w, err)
-		}
-		served.Services = append(served.Services, svc)
-		group := svc.AddGroup(subjects.AuthPrefix(b.Space))
-		for _, name := range subjects.Endpoints {
-			fn, ok := fns[name]
-			if !ok {
-				return served, fmt.Errorf("endpoint %s has no handler", name)
-			}
-			h := &endpoint{bus: b, name: name, fn: fn}
-			if Detached[name] {
-				h.detached = served.detached
-			}
-			if err := group.AddEndpoint(name, h, micro.WithEndpointSubject(subjects.EndpointPattern(name))); err != nil {
-				return served, fmt.Errorf("register endpoint %s: %w", name, err)
-			}
+		h := &endpoint{bus: b, name: name, fn: fn, pool: newPool(nc, max(inFlight, 1))}
+		served.pools = append(served.pools, h.pool)
+		if err := group.AddEndpoint(name, h, micro.WithEndpointSubject(subjects.EndpointPattern(name))); err != nil {
+			return served, fmt.Errorf("register endpoint %s: %w", name, err)
 		}
 	}
 	return served, nil
 }
 
-// endpoint is one endpoint of one service instance.
+// endpoint is one endpoint of the service instance.
 type endpoint struct {
 	bus       *Bus
 	name      string
 	fn        Func
-	detached  *detached // nil: answered inline
-	answers   answers   // the detached answers of this instance's endpoint
+	pool      *pool
+	answers   answers
 	dropped   atomic.Uint64
 	throttled atomic.Uint64
 }
 
-// Handle serves one request: inline, or for a detached endpoint on a goroutine of its own once
-// a slot is free (inline once the services stopped).
+// Handle takes one request: on a goroutine of the pool once a slot is free, or on the handler
+// once the service stopped. Either way the answer is published on the connection and counted
+// in the endpoint's data.
 func (h *endpoint) Handle(req micro.Request) {
 	b := h.bus
 	name, owner, actor, ok := subjects.ParseEndpointSubject(b.Space, req.Subject())
@@ -164,20 +155,18 @@ func (h *endpoint) Handle(req micro.Request) {
 		return
 	}
 	call := Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}
-	if d := h.detached; d != nil && !d.isStopped() {
-		select {
-		case d.slots <- struct{}{}:
-			a := d.answerTo(req, &h.answers)
-			go func() {
-				defer func() { <-d.slots }()
-				defer a.done()
-				h.serve(a, call)
-			}()
-			return
-		case <-d.stopped:
-		}
+	p := h.pool
+	a := p.answerTo(req, &h.answers)
+	if p.take() {
+		go func() {
+			defer p.give()
+			defer a.done()
+			h.serve(a, call)
+		}()
+		return
 	}
-	h.serve(req, call)
+	defer a.done()
+	h.serve(a, call)
 }
 
 // serve answers call on req.

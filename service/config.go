@@ -68,8 +68,8 @@ type Config struct {
 
 	// Replicas of every bucket and stream.
 	Replicas int
-	// Workers is how many micro service instances, each with the five endpoints, serve in
-	// parallel (micro runs one request at a time per endpoint of an instance).
+	// Workers is how many requests each endpoint answers at once: the bound of its pool behind
+	// the one micro service instance (micro hands an endpoint's requests over one at a time).
 	Workers int
 	// Rate and Burst are the per-principal token bucket (Rate <= 0 disables it).
 	Rate  float64
@@ -166,13 +166,10 @@ type Hooks struct {
 	RevocationBroker func(revocation.Broker) revocation.Broker
 }
 
-// DefaultWorkersPerCPU is how many service instances serve per CPU unless --workers says
-// otherwise. A request waits on the stores for most of its time (a ledger and a gate read, the
-// minted records, the commit), and the broker hands each request to a random instance of the
-// queue group, busy or not: with few instances a request often waits behind another one's
-// store round trips while others idle. Fewer instances (8 per replica would keep `nats micro
-// stats` at 40 rows) cost p99 at the same CPU, so the docs point to the stats' total row instead
-// (docs/decisions/2026-12-01-eight-instances-per-replica-rejected.md).
+// DefaultWorkersPerCPU is how many requests each endpoint answers at once, per CPU, unless
+// --workers says otherwise. A request waits on the stores for most of its time (a ledger and a
+// gate read, the minted records, the commit), so many are under way per CPU; the bound keeps a
+// flood from starting more than the stores can answer before the deadline.
 const DefaultWorkersPerCPU = 16
 
 // witnessMargin is what a stored run-start takes beyond its payload, with room to spare: its

@@ -26,7 +26,7 @@ import (
 )
 
 // serving is one generation of the serving side: a connection of a fresh data-account user and
-// the micro service instances on it. A generation is replaced before its user expires.
+// the micro service instance on it. A generation is replaced before its user expires.
 type serving struct {
 	nc     *nats.Conn
 	served *handlers.Served
@@ -190,13 +190,13 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	return nil
 }
 
-// retire stops a generation's services and drains its connection: requests in flight finish.
+// retire stops a generation's service and drains its connection: requests in flight finish.
 func (p *Plane) retire(s *serving) error {
 	return errors.Join(s.served.Stop(time.Now().Add(p.drainTimeout())), drain(s.nc, p.drainTimeout()))
 }
 
-// microConfig is the micro service every worker registers: its name, version, queue group and
-// metadata (the worker number is the bus's to add).
+// microConfig is the micro service each generation registers: its name, version, queue group
+// and metadata.
 func (p *Plane) microConfig() micro.Config {
 	cfg := p.cfg
 	return micro.Config{
@@ -214,7 +214,7 @@ func (p *Plane) microConfig() micro.Config {
 	}
 }
 
-// stopServices stops the current micro service instances: no more requests arrive (those in
+// stopServices stops the current micro service instance: no more requests arrive (those in
 // flight finish while the serving connection drains). On a connection that is down there is
 // nothing to unsubscribe from: that is logged, not failed.
 func (p *Plane) stopServices() error {

@@ -41,7 +41,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.IdP.JWKS, "idp-jwks", "", "its key set: https, or http on a loopback IP literal (default: <idp-url>/jwks)")
 	fs.BoolVar(&cfg.PProf, "pprof", false, "expose net/http/pprof on the loopback HTTP face (/debug/pprof/...)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster)")
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "micro service instances serving in parallel, each with the five endpoints")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "requests each endpoint answers at once, per replica (1 to 1024; one micro service instance hands them over)")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "requests per second per principal (0 = unlimited)")
 	fs.IntVar(&cfg.Burst, "burst", cfg.Burst, "burst of the per-principal rate limit")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "deadline of every request, retries included")

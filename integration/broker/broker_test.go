@@ -177,8 +177,9 @@ func TestRequestWhoseReplyIsNotTheCallersInboxIsDroppedUnansweredAndCounted(t *t
 					}
 					return nil
 				})
-				if now := harness.Counters(t, p, endpoint); now.Errors != before.Errors {
-					t.Errorf("%s num_errors: got %d, want %d (a dropped request is not answered)", endpoint, now.Errors, before.Errors)
+				if now := harness.Counters(t, p, endpoint); now.Answered != before.Answered || now.Errors != before.Errors {
+					t.Errorf("%s data.answered, data.errors: got %d, %d, want %d, %d (a dropped request is not answered)",
+						endpoint, now.Answered, now.Errors, before.Answered, before.Errors)
 				}
 			}
 		})

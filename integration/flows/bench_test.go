@@ -14,7 +14,7 @@ import (
 
 // BenchmarkRenew is the whole request on an embedded broker: renewals through the bus from
 // parallel requesters (8 × GOMAXPROCS) over one caller connection, against a plane with 8
-// workers (service instances) and no rate limit. "16-instances" renews sixteen instances, each
+// workers (requests an endpoint answers at once) and no rate limit. "16-instances" renews sixteen instances, each
 // requester one of them; "one-instance" renews one from every requester, whose commits group:
 //
 //	go test -run '^$' -bench Renew -benchtime 3s ./integration

@@ -1,7 +1,6 @@
 package flows
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -9,10 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/supervisor"
 	"github.com/cotal-ai/authplane/internal/testkit"
@@ -20,42 +17,12 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// detachedCounts sums supervisor-end's detached counters (data.detached in `nats micro stats
-// --json`) and micro's own request count over every service instance of p.
-func detachedCounts(t testing.TB, p *harness.TestPlane) (handlers.DetachedCounters, int) {
-	t.Helper()
-	var sum handlers.DetachedCounters
-	requests := 0
-	for _, m := range harness.CollectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, p.Workers, 3*time.Second) {
-		var stats micro.Stats
-		if err := json.Unmarshal(m.Data, &stats); err != nil {
-			t.Fatalf("decode $SRV.STATS answer %q: %v", m.Data, err)
-		}
-		for _, e := range stats.Endpoints {
-			if e.Name != subjects.EndpointSupervisorEnd {
-				continue
-			}
-			requests += e.NumRequests
-			var d handlers.Counters
-			if err := json.Unmarshal(e.Data, &d); err != nil || d.Detached == nil {
-				t.Fatalf("stats data of supervisor-end %s: want data.detached (err %v)", e.Data, err)
-			}
-			sum.Answered += d.Detached.Answered
-			sum.Errors += d.Detached.Errors
-			sum.InFlight += d.Detached.InFlight
-			if d.Detached.LastError != "" {
-				sum.LastError = d.Detached.LastError
-			}
-		}
-	}
-	return sum, requests
-}
-
-// TestEndsOnOneServiceInstanceRunAtOnce: with one micro service instance, two ends each wait
-// inside the plane (after step 4) until the other has arrived there too. micro hands an
-// instance one request at a time, so an end answered on micro's handler would hold the other
-// back until it gave up; answered off it (handlers.Detached), both go on and both complete.
-// Their answers, and a refusal, are counted in supervisor-end's data.detached.
+// TestEndsOnOneServiceInstanceRunAtOnce: the plane's one micro service instance hands each
+// request to its endpoint's pool, so two ends that each wait inside the plane (after step 4)
+// until the other has arrived there too both go on and complete: answered on micro's handler,
+// which takes an instance's requests one at a time, the first would hold the other back until
+// it gave up. Their answers, and a refusal, are counted in supervisor-end's data, and micro
+// counts the three requests.
 func TestEndsOnOneServiceInstanceRunAtOnce(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -63,7 +30,7 @@ func TestEndsOnOneServiceInstanceRunAtOnce(t *testing.T) {
 	both := make(chan struct{})
 	var watched map[string]bool // the two lifecycles' instances, set before either end
 	p := harness.StartPlane(t, func(c *service.Config) {
-		c.Workers = 1
+		c.Workers = 2
 		c.Hooks = &service.Hooks{AfterEndStep: func(iid string, step int) error {
 			mu.Lock()
 			if step != supervisor.StepGateRetired || !watched[iid] {
@@ -113,17 +80,16 @@ func TestEndsOnOneServiceInstanceRunAtOnce(t *testing.T) {
 	_, err := pa.C.End(harness.CallCtx(t), client.End{Owner: lives[0].Owner, InstanceID: lives[0].M.Iid, LifecycleUID: lives[0].M.Uid, Reason: ""})
 	harness.WantRefusalOf(t, "an end without a reason", err, "bad-request", "reason")
 	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		got, requests := detachedCounts(t, p)
-		want := handlers.DetachedCounters{Answered: 3, Errors: 1, LastError: "400:bad-request"}
-		if got.Answered != want.Answered || got.Errors != want.Errors || got.LastError != want.LastError || got.InFlight != 0 || requests != 3 {
-			return fmt.Errorf("supervisor-end: data.detached %+v and %d requests, want %+v, none in flight, and 3 requests", got, requests, want)
+		got := harness.Counters(t, p, subjects.EndpointSupervisorEnd)
+		if got.Answered != 3 || got.Errors != 1 || got.LastError != "400:bad-request" || got.InFlight != 0 || got.Requests != 3 {
+			return fmt.Errorf("supervisor-end: got %+v, want 3 requests, 3 answered, 1 error (400:bad-request), none in flight", got)
 		}
 		return nil
 	})
 }
 
 // TestAPlaneStoppingWithAnEndUnderWayAnswersIt: an end held inside the plane while the plane
-// stops still gets its answer: the stop waits for detached answers before the serving
+// stops still gets its answer: the stop waits for the pools' answers before the serving
 // connection drains.
 func TestAPlaneStoppingWithAnEndUnderWayAnswersIt(t *testing.T) {
 	t.Parallel()

@@ -115,18 +115,20 @@ func TestServeTakesItsConfigurationFromTheEnvironmentAndFlagsWin(t *testing.T) {
 	u.User = url.UserPassword("ops", secret)
 	dir := t.TempDir()
 	env := []string{"AUTHPLANE_DIR=" + dir, "AUTHPLANE_NATS_URL=" + u.String(), "AUTHPLANE_SPACE_DIR=" + s.SpaceDir,
-		"AUTHPLANE_HTTP_PORT=0", "AUTHPLANE_WORKERS=3", "AUTHPLANE_LOG_LEVEL=debug"}
+		"AUTHPLANE_HTTP_PORT=0", "AUTHPLANE_PUBLIC_PORT=-1", "AUTHPLANE_LOG_LEVEL=debug"}
 
 	code, help, helpErr := runWithEnv(t, env, "serve", "-h")
 	if code != 0 || strings.Contains(help+helpErr, secret) || !strings.Contains(help+helpErr, "-nats-url string") {
 		t.Errorf("serve -h: exit %d; want 0, the flags, and no value from the environment:\n%s%s", code, help, helpErr)
 	}
 
-	proc := harness.StartAuthplaneEnv(t, "", env, "--workers", "1")
+	proc := harness.StartAuthplaneEnv(t, "", env, "--public-port", "0")
 	info := harness.WaitReady(t, proc, dir)
-	infos := harness.ServiceInstances(t, harness.OpsConn(t, harness.BinaryPlane(t, info), harness.OwnerA, "ops"))
-	if len(infos) != 1 {
-		t.Errorf("got %d service instances, want 1 (--workers 1 wins over AUTHPLANE_WORKERS=3)", len(infos))
+	if infos := harness.ServiceInstances(t, harness.OpsConn(t, harness.BinaryPlane(t, info), harness.OwnerA, "ops")); len(infos) != 1 {
+		t.Errorf("got %d service instances, want the plane's one", len(infos))
+	}
+	if !regexp.MustCompile(`(?m)^  public    http://127\.0\.0\.1:\d+/`).MatchString(proc.Stdout.String()) {
+		t.Errorf("summary %q: want a public face (--public-port 0 wins over AUTHPLANE_PUBLIC_PORT=-1)", proc.Stdout.String())
 	}
 	if err := proc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -11,30 +11,18 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// checkInstances checks that infos are exactly the workers service instances of one plane
-// (instance iid at epoch): worker 0 to workers-1 once each, distinct ids, each listing the five
-// endpoints once.
-func checkInstances(t testing.TB, infos []micro.Info, workers int, iid string, epoch uint64) {
+// checkInstances checks that infos are exactly the one service instance of one plane
+// (instance iid at epoch), listing the five endpoints once.
+func checkInstances(t testing.TB, infos []micro.Info, iid string, epoch uint64) {
 	t.Helper()
-	if len(infos) != workers {
-		t.Errorf("$SRV.INFO: got %d service instances, want %d (one per worker)", len(infos), workers)
+	if len(infos) != 1 {
+		t.Errorf("$SRV.INFO: got %d service instances, want 1", len(infos))
 	}
-	ids, seen := map[string]bool{}, map[string]bool{}
 	for _, info := range infos {
 		if info.Metadata["instance"] != iid || info.Metadata["epoch"] != strconv.FormatUint(epoch, 10) {
 			t.Errorf("$SRV.INFO %s: got instance %s epoch %s, want %s epoch %d", info.ID, info.Metadata["instance"], info.Metadata["epoch"], iid, epoch)
 		}
-		if w := info.Metadata["worker"]; seen[w] || ids[info.ID] {
-			t.Errorf("$SRV.INFO: worker %q or id %s answered twice", w, info.ID)
-		} else {
-			seen[w], ids[info.ID] = true, true
-		}
 		checkFiveEndpoints(t, info)
-	}
-	for w := range workers {
-		if !seen[strconv.Itoa(w)] {
-			t.Errorf("$SRV.INFO: no service instance is worker %d (got %v)", w, seen)
-		}
 	}
 }
 

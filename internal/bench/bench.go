@@ -49,7 +49,7 @@ type Config struct {
 	// own.
 	OneInstance bool
 	// Workers is how many micro service instances serve the echo ceiling: the plane's own
-	// --workers, so both serve the same way.
+	// --workers, so the echo answers as many requests at once as the plane's endpoint does.
 	Workers int
 	// EndFill are the revocation set's sizes (keys) the end phase fills it to, in ascending
 	// order; EndConcurrency the numbers of ends it runs at once at each; EndRounds how many

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -72,58 +73,51 @@ func ServiceInfo(t testing.TB, nc *nats.Conn) micro.Info {
 	return info
 }
 
-// EndpointCounters sums the plane's own counters (data.dropped, data.throttled) and micro's
-// request and error counts over every registered copy of endpoint.
+// EndpointCounters are an endpoint's figures as an operator reads them: micro's count of the
+// requests it took, and the plane's own counts in the endpoint's data.
 type EndpointCounters struct {
-	Dropped, Throttled uint64
-	Requests, Errors   int
+	handlers.Counters
+	Requests int
 }
 
-// Counters sums endpoint's counters over every service instance of plane p, as an operator
-// asks for them.
+// PlaneStats asks `$SRV.STATS.cotal-auth` on the broker of plane p, which serves alone there,
+// and returns the first answer, which must be p's.
+func PlaneStats(t testing.TB, p *TestPlane) micro.Stats {
+	t.Helper()
+	answers := CollectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, 1, 3*time.Second)
+	if len(answers) != 1 {
+		t.Fatalf("$SRV.STATS: got no answer")
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(answers[0].Data, &stats); err != nil {
+		t.Fatalf("decode $SRV.STATS answer %q: %v", answers[0].Data, err)
+	}
+	if stats.Metadata["instance"] != p.InstanceID() {
+		t.Fatalf("$SRV.STATS: got an instance of plane %q, want %s's", stats.Metadata["instance"], p.InstanceID())
+	}
+	return stats
+}
+
+// Counters reads endpoint's figures from plane p's service instance, as an operator asks for
+// them.
 func Counters(t testing.TB, p *TestPlane, endpoint string) EndpointCounters {
 	t.Helper()
-	var c EndpointCounters
-	answers := CollectN(t, p.Ops(t), "$SRV.STATS."+subjects.ServiceName, nil, p.Workers, 3*time.Second)
-	if len(answers) != p.Workers {
-		t.Fatalf("$SRV.STATS: got %d answers, want one per worker (%d)", len(answers), p.Workers)
-	}
-	var endpoints []*micro.EndpointStats
-	for _, m := range answers {
-		var stats micro.Stats
-		if err := json.Unmarshal(m.Data, &stats); err != nil {
-			t.Fatalf("decode $SRV.STATS answer %q: %v", m.Data, err)
-		}
-		endpoints = append(endpoints, stats.Endpoints...)
-	}
-	copies := 0
-	for _, e := range endpoints {
+	for _, e := range PlaneStats(t, p).Endpoints {
 		if e.Name != endpoint {
 			continue
 		}
-		copies++
-		var d struct {
-			Dropped   uint64 `json:"dropped"`
-			Throttled uint64 `json:"throttled"`
+		c := EndpointCounters{Requests: e.NumRequests}
+		if err := json.Unmarshal(e.Data, &c.Counters); err != nil {
+			t.Fatalf("decode stats data %q of %s: %v", e.Data, endpoint, err)
 		}
-		if len(e.Data) > 0 {
-			if err := json.Unmarshal(e.Data, &d); err != nil {
-				t.Fatalf("decode stats data %q of %s: %v", e.Data, endpoint, err)
-			}
-		}
-		c.Dropped += d.Dropped
-		c.Throttled += d.Throttled
-		c.Requests += e.NumRequests
-		c.Errors += e.NumErrors
+		return c
 	}
-	if copies != p.Workers {
-		t.Fatalf("got stats of endpoint %s from %d service instances, want %d", endpoint, copies, p.Workers)
-	}
-	return c
+	t.Fatalf("$SRV.STATS lists no endpoint %s", endpoint)
+	return EndpointCounters{}
 }
 
 // ServiceInstances gathers every answer to `$SRV.INFO.cotal-auth` within half a second: one
-// per service instance (worker) of every plane on the broker.
+// per service instance, of every plane on the broker.
 func ServiceInstances(t testing.TB, nc *nats.Conn) []micro.Info {
 	t.Helper()
 	var out []micro.Info

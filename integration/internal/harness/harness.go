@@ -78,8 +78,6 @@ type TestPlane struct {
 	*service.Plane
 	Info service.Info
 	keys *space.Keys
-	// workers is how many service instances the plane registered.
-	Workers int
 	// t is the test that started the plane: what lives as long as the plane is its.
 	t testing.TB
 
@@ -137,7 +135,7 @@ func StartPlane(t testing.TB, mutate func(*service.Config)) *TestPlane {
 		t.Fatalf("start plane: %v", err)
 	}
 	t.Cleanup(func() { ClosePlane(t, sp) })
-	p := &TestPlane{Plane: sp, Info: sp.Info(), Workers: cfg.Workers, t: t}
+	p := &TestPlane{Plane: sp, Info: sp.Info(), t: t}
 	if p.keys, err = (admin.Locate{SpaceDir: p.Info.SpaceDir}).Keys(); err != nil {
 		t.Fatalf("load the plane's space material: %v", err)
 	}

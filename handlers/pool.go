@@ -10,19 +10,19 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// detached is the bound of one Register's detached answers (see Detached), shared by its
-// instances.
-type detached struct {
+// pool bounds one endpoint's answers under way (Register).
+type pool struct {
 	nc    *nats.Conn
 	slots chan struct{}
-	// stopped closes when the services stop: requests delivered after it are answered inline.
+	// stopped closes when the service stops: requests delivered after it are answered on
+	// micro's handler.
 	stopped chan struct{}
-	// drained closes once the stop holds every slot: no detached answer is under way.
+	// drained closes once the stop holds every slot: no answer of the pool is under way.
 	drained chan struct{}
 	stop    sync.Once
 }
 
-// answers counts one instance's detached answers of one endpoint.
+// answers counts one endpoint's answers.
 type answers struct {
 	mu       sync.Mutex
 	answered uint64
@@ -32,63 +32,79 @@ type answers struct {
 	inFlight int
 }
 
-func newDetached(nc *nats.Conn, inFlight int) *detached {
-	return &detached{nc: nc, slots: make(chan struct{}, inFlight), stopped: make(chan struct{}), drained: make(chan struct{})}
+func newPool(nc *nats.Conn, inFlight int) *pool {
+	return &pool{nc: nc, slots: make(chan struct{}, inFlight), stopped: make(chan struct{}), drained: make(chan struct{})}
 }
 
-// wait reports whether every detached answer under way is sent by by (or already was):
-// from the first wait on, requests are answered inline, and the slots are taken as the answers
+// take takes a slot, waiting for one; it reports false, taking none, once the service stopped.
+func (p *pool) take() bool {
+	if p.isStopped() {
+		return false
+	}
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	case <-p.stopped:
+		return false
+	}
+}
+
+// give gives a slot back.
+func (p *pool) give() { <-p.slots }
+
+// wait reports whether every answer under way is sent by by (or already was): from the first
+// wait on, requests are answered on micro's handler, and the slots are taken as the answers
 // under way finish. A wait repeated, or one whose by has passed, reports the same.
-func (d *detached) wait(by time.Time) bool {
-	d.stop.Do(func() {
-		close(d.stopped)
+func (p *pool) wait(by time.Time) bool {
+	p.stop.Do(func() {
+		close(p.stopped)
 		held := 0
-		for held < cap(d.slots) && d.tryTake() {
+		for held < cap(p.slots) && p.tryTake() {
 			held++
 		}
-		if held == cap(d.slots) {
-			close(d.drained)
+		if held == cap(p.slots) {
+			close(p.drained)
 			return
 		}
 		go func() {
-			for ; held < cap(d.slots); held++ {
-				d.slots <- struct{}{}
+			for ; held < cap(p.slots); held++ {
+				p.slots <- struct{}{}
 			}
-			close(d.drained)
+			close(p.drained)
 		}()
 	})
 	select {
-	case <-d.drained:
+	case <-p.drained:
 		return true
 	default:
 	}
 	t := time.NewTimer(time.Until(by))
 	defer t.Stop()
 	select {
-	case <-d.drained:
+	case <-p.drained:
 		return true
 	case <-t.C:
 		return false
 	}
 }
 
-func (c *answers) counters() *DetachedCounters {
+func (c *answers) counters() Counters {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return &DetachedCounters{Answered: c.answered, Errors: c.errors, LastError: c.last, ProcessingTime: c.took, InFlight: c.inFlight}
+	return Counters{Answered: c.answered, Errors: c.errors, LastError: c.last, ProcessingTime: c.took, InFlight: c.inFlight}
 }
 
-// answerTo is req answered off micro's handler, counted in c: its reads are req's (a
-// request's message does not change once delivered), its answers are published on the
-// connection and counted in c, for micro counts them only on the handler's own goroutine.
-func (d *detached) answerTo(req micro.Request, c *answers) *answer {
+// answerTo is req answered by the pool, counted in c: its reads are req's (a request's
+// message does not change once delivered), its answers are published on the connection and
+// counted in c, for micro counts them only on the handler's own goroutine.
+func (p *pool) answerTo(req micro.Request, c *answers) *answer {
 	c.mu.Lock()
 	c.inFlight++
 	c.mu.Unlock()
-	return &answer{Request: req, nc: d.nc, c: c, at: time.Now()}
+	return &answer{Request: req, nc: p.nc, c: c, at: time.Now()}
 }
 
-// answer is a detached request.
+// answer is a request the pool answers.
 type answer struct {
 	micro.Request
 	nc *nats.Conn
@@ -154,19 +170,19 @@ func (a *answer) send(m *nats.Msg, failed string, opts []micro.RespondOpt) error
 }
 
 // tryTake takes a slot if one is free.
-func (d *detached) tryTake() bool {
+func (p *pool) tryTake() bool {
 	select {
-	case d.slots <- struct{}{}:
+	case p.slots <- struct{}{}:
 		return true
 	default:
 		return false
 	}
 }
 
-// isStopped reports whether the services stopped.
-func (d *detached) isStopped() bool {
+// isStopped reports whether the service stopped.
+func (p *pool) isStopped() bool {
 	select {
-	case <-d.stopped:
+	case <-p.stopped:
 		return true
 	default:
 		return false
