@@ -75,7 +75,7 @@ func (g *Guard) draining() bool { return g.Draining != nil && g.Draining() }
 // Refused records a refusal made before a call could be made of a request: a door that could
 // not yet name its caller ("_._").
 func (g *Guard) Refused(ctx context.Context, about audit.Request, refusal *fault.Error) {
-	g.Metrics.Refused(about.Endpoint, about.Kind, string(refusal.Code))
+	g.Metrics.Refused(about.Endpoint, string(refusal.Code))
 	g.Audit.Refused(ctx, about, refusal)
 }
 
@@ -99,11 +99,11 @@ var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping
 // recorded `discarded` by the pipeline.
 func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
-		g.Metrics.Refused(c.Endpoint, "", string(fault.BadRequest))
+		g.Metrics.Refused(c.Endpoint, string(fault.BadRequest))
 		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
 	}
 	if !g.Limiter.Allow(c.Principal()) {
-		g.Metrics.Refused(c.Endpoint, "", string(fault.ResourceExhausted))
+		g.Metrics.Refused(c.Endpoint, string(fault.ResourceExhausted))
 		return nil, fault.Wrap(fault.ResourceExhausted, ErrThrottled, "too many requests from %s; slow down", c.Principal())
 	}
 	start := time.Now()
@@ -113,7 +113,7 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 		if refusal != nil {
 			code = string(refusal.Code)
 		}
-		g.Metrics.Served(c.Endpoint, about.Kind, code, time.Since(start))
+		g.Metrics.Served(c.Endpoint, code, time.Since(start))
 	}()
 	ctx, cancel := context.WithDeadline(context.Background(), c.Deadline)
 	defer cancel()

@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sync"
 
-	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/logs"
@@ -20,30 +19,20 @@ import (
 // connRoles are the roles of the plane's own NATS connections, as the metrics name them.
 var connRoles = []string{"store", "system", "serving", "callout"}
 
-// series are the label values of the plane's metrics: every endpoint with its kinds, every
-// refusal code, the duties each minting endpoint issues, the connections.
+// series are the label values of the plane's metrics: every endpoint's calls of the codes an
+// alert reads (docs/OPERATIONS.md, "Read the metrics"), the duties each minting endpoint issues,
+// the connections.
 func series() metrics.Series {
-	var codes []string
-	for _, c := range fault.Codes() {
-		codes = append(codes, string(c))
+	alerted := []string{metrics.CodeOK, string(fault.Unavailable), string(fault.Internal)}
+	codes := map[string][]string{}
+	for _, e := range append(slices.Clone(subjects.Endpoints), handlers.EndpointExchange, handlers.EndpointManagerServiceAuthority, handlers.EndpointCallout) {
+		codes[e] = alerted
 	}
 	var standing []string
 	for _, d := range subjects.StandingDuties {
 		standing = append(standing, string(d))
 	}
 	return metrics.Series{
-		Kinds: map[string][]string{
-			subjects.EndpointManagerAuthority: {client.KindServiceAuthority, client.KindRunAdmission, client.KindRunAttempt,
-				client.KindRunStatus, client.KindRunRevoke},
-			subjects.EndpointRunRevoke:               {client.KindRunRevoke},
-			subjects.EndpointSupervisorAssign:        {client.KindAssign},
-			subjects.EndpointSupervisorAuthority:     {client.KindSupervisorAuthority},
-			subjects.EndpointSupervisorEnd:           {client.KindEnd},
-			handlers.EndpointExchange:                nil,
-			handlers.EndpointManagerServiceAuthority: nil,
-			handlers.EndpointCallout:                 {bearer.ViewCaller, bearer.ViewOps},
-			metrics.EndpointHTTP:                     nil,
-		},
 		Codes: codes,
 		Duties: map[string][]string{
 			subjects.EndpointManagerAuthority:    append(append([]string{}, standing...), string(subjects.DutyDriver), string(subjects.DutyMediator)),
@@ -89,7 +78,7 @@ func (t *transportRefusals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := json.Unmarshal(bytes.TrimSpace(rec.body.Bytes()), &answer); err != nil || !fault.Code(answer.Code).Known() {
 		answer.Code = string(fault.Internal)
 	}
-	t.p.metrics.Refused(metrics.EndpointHTTP, metrics.NoKind, answer.Code)
+	t.p.metrics.Refused(metrics.EndpointHTTP, answer.Code)
 	t.mu.Lock()
 	t.seen[answer.Code]++
 	n := t.seen[answer.Code]

@@ -291,7 +291,7 @@ func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
 		}
 		nc.Close()
 	}
-	served := map[string]string{"endpoint": handlers.EndpointCallout, "kind": "caller", "code": "ok"}
+	served := map[string]string{"endpoint": handlers.EndpointCallout, "code": "ok"}
 	na, nb := harness.Sample(harness.Scrape(t, a.HTTPURL()), "authplane_requests_total", served), harness.Sample(harness.Scrape(t, b.HTTPURL()), "authplane_requests_total", served)
 	if na+nb != 20 || na == 0 || nb == 0 {
 		t.Errorf("connections each replica's callout served: got %v and %v, want 20 between both, some each", na, nb)

@@ -2,6 +2,7 @@ package faces
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
@@ -9,7 +10,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// After a known sequence of calls, /metrics counts each by endpoint, kind and code, times
+// After a known sequence of calls, /metrics counts each by endpoint and code, times
 // them, counts the credentials issued by duty, and reports the epoch and that the plane is
 // not fenced; the public face does not serve it.
 func TestMetricsCountAKnownSequenceOfCalls(t *testing.T) {
@@ -36,9 +37,9 @@ func TestMetricsCountAKnownSequenceOfCalls(t *testing.T) {
 		labels map[string]string
 		value  float64
 	}{
-		{"authplane_requests_total", map[string]string{"endpoint": ma, "kind": "manager-service-authority", "code": "permission-denied"}, 2},
-		{"authplane_requests_total", map[string]string{"endpoint": ma, "kind": "none", "code": "bad-request"}, 1},
-		{"authplane_requests_total", map[string]string{"endpoint": ma, "kind": "manager-service-authority", "code": "ok"}, 1},
+		{"authplane_requests_total", map[string]string{"endpoint": ma, "code": "permission-denied"}, 2},
+		{"authplane_requests_total", map[string]string{"endpoint": ma, "code": "bad-request"}, 1},
+		{"authplane_requests_total", map[string]string{"endpoint": ma, "code": "ok"}, 1},
 		{"authplane_request_duration_seconds", map[string]string{"endpoint": ma}, 4},
 		{"authplane_credentials_issued_total", map[string]string{"endpoint": ma, "duty": "supervisor"}, 1},
 		{"authplane_credentials_issued_total", map[string]string{"endpoint": ma, "duty": "executor"}, 1},
@@ -61,5 +62,29 @@ func TestMetricsCountAKnownSequenceOfCalls(t *testing.T) {
 	}
 	if r := harness.Get(t, p.PublicURL()+"/metrics"); r.Status != http.StatusNotFound {
 		t.Errorf("the public face's /metrics: got %d, want 404", r.Status)
+	}
+}
+
+// /metrics of a plane that has served nothing stays under 20 KB: its series are labelled by
+// endpoint and code, and only the codes an alert reads exist before their first answer (an
+// endpoint's latency appears with its first call).
+func TestMetricsOfAFreshPlaneAreUnder20KB(t *testing.T) {
+	t.Parallel()
+	p := harness.StartPlane(t, nil)
+	r := harness.Get(t, p.HTTPURL()+"/metrics")
+	if r.Status != http.StatusOK {
+		t.Fatalf("GET /metrics: got %d, want 200", r.Status)
+	}
+	if len(r.Body) >= 20_000 {
+		t.Errorf("/metrics of a fresh plane: got %d bytes, want under 20 KB", len(r.Body))
+	}
+	lines := 0
+	for _, line := range strings.Split(string(r.Body), "\n") {
+		if strings.HasPrefix(line, "authplane_requests_total{") {
+			lines++
+		}
+	}
+	if want := 3 * (len(subjects.Endpoints) + 3); lines != want {
+		t.Errorf("/metrics of a fresh plane: got %d series of authplane_requests_total, want %d (ok, unavailable and internal of each endpoint)", lines, want)
 	}
 }

@@ -58,7 +58,8 @@ func has(families map[string]*dto.MetricFamily, name string, labels map[string]s
 
 // TestEverySeriesExistsFromTheStartAndNoLabelIsEmpty scrapes a plane that has served nothing:
 // the series an operator alerts on are there at 0 (reconnects of every connection, discarded
-// mints, transport refusals), and no series of the plane's carries an empty label.
+// mints, every endpoint's unavailable answers), and no series of the plane's carries an empty
+// label.
 func TestEverySeriesExistsFromTheStartAndNoLabelIsEmpty(t *testing.T) {
 	t.Parallel()
 	p, _, _ := logged(t, nil)
@@ -73,9 +74,9 @@ func TestEverySeriesExistsFromTheStartAndNoLabelIsEmpty(t *testing.T) {
 		{"authplane_nats_reconnects_total", map[string]string{"conn": "callout"}},
 		{"authplane_mints_discarded_total", map[string]string{"endpoint": subjects.EndpointManagerAuthority, "code": "conflict"}},
 		{"authplane_credentials_issued_total", map[string]string{"endpoint": subjects.EndpointManagerAuthority, "duty": "driver"}},
-		{"authplane_requests_total", map[string]string{"endpoint": "http", "kind": "none", "code": "unauthenticated"}},
-		{"authplane_requests_total", map[string]string{"endpoint": subjects.EndpointRunRevoke, "kind": "manager-run-revoke", "code": "ok"}},
-		{"authplane_request_duration_seconds", map[string]string{"endpoint": subjects.EndpointSupervisorEnd}},
+		{"authplane_requests_total", map[string]string{"endpoint": subjects.EndpointSupervisorEnd, "code": "unavailable"}},
+		{"authplane_requests_total", map[string]string{"endpoint": "auth-callout", "code": "internal"}},
+		{"authplane_requests_total", map[string]string{"endpoint": subjects.EndpointRunRevoke, "code": "ok"}},
 	} {
 		if !has(families, want.name, want.labels) {
 			t.Errorf("/metrics of a fresh plane: no %s%v, want it at 0", want.name, want.labels)
@@ -83,7 +84,7 @@ func TestEverySeriesExistsFromTheStartAndNoLabelIsEmpty(t *testing.T) {
 			t.Errorf("/metrics of a fresh plane: %s%v is %v, want 0", want.name, want.labels, v)
 		}
 	}
-	// A call refused before its body named a kind: throttled principals, names no principal.
+	// A call refused before its body parsed.
 	o := harness.Ask(t, harness.CallerConn(t, p, harness.OwnerA, "cli"), harness.OwnerA, "cli", subjects.EndpointManagerAuthority, `{"kind":`)
 	if o.Code != "bad-request" {
 		t.Fatalf("a body that is not JSON: got %q %q", o.Code, o.Message)
@@ -100,14 +101,14 @@ func TestEverySeriesExistsFromTheStartAndNoLabelIsEmpty(t *testing.T) {
 			}
 		}
 	}
-	if v := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_requests_total", map[string]string{"endpoint": subjects.EndpointManagerAuthority, "kind": "none", "code": "bad-request"}); v != 1 {
-		t.Errorf("a body that named no kind: requests_total{kind=none,code=bad-request} is %v, want 1", v)
+	if v := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_requests_total", map[string]string{"endpoint": subjects.EndpointManagerAuthority, "code": "bad-request"}); v != 1 {
+		t.Errorf("a body that is not JSON: requests_total{code=bad-request} is %v, want 1", v)
 	}
 }
 
 // TestHTTPRefusalsBeforeTheBodyAreCountedAndLogged: a loopback /exchange without the
 // capability, a wrong content type, a wrong method and an unknown path are each counted (on
-// endpoint http, kind none, by code) and logged, with nothing of the caller's but the path.
+// endpoint http, by code) and logged, with nothing of the caller's but the path.
 func TestHTTPRefusalsBeforeTheBodyAreCountedAndLogged(t *testing.T) {
 	t.Parallel()
 	p, log, _ := logged(t, nil)
@@ -132,7 +133,7 @@ func TestHTTPRefusalsBeforeTheBodyAreCountedAndLogged(t *testing.T) {
 		if r := c.do(); r.Status != c.status {
 			t.Fatalf("%s: got %d %s, want %d", c.name, r.Status, r.Body, c.status)
 		}
-		labels := map[string]string{"endpoint": "http", "kind": "none", "code": c.code}
+		labels := map[string]string{"endpoint": "http", "code": c.code}
 		if v := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_requests_total", labels); v != 1 {
 			t.Errorf("%s: requests_total%v is %v, want 1", c.name, labels, v)
 		}

@@ -59,7 +59,7 @@ func (m *Metrics) AuditorConsumerRefused(reason string) {
 func newTenantBudgets() *prometheus.CounterVec {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "authplane_tenant_budget_refused_total",
-		Help: "Requests refused past a tenant's budget, by budget (reregistrations_instance, reregistrations_owner, new_keys_owner, pending_registrations).",
+		Help: "Requests refused past a tenant's budget, by budget (reregistrations_instance, reregistrations_owner, new_keys_owner, connection_keys_owner, pending_registrations).",
 	}, []string{"budget"})
 	for _, b := range budget.Names {
 		v.WithLabelValues(b) // every series from the start, at 0

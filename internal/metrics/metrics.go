@@ -1,9 +1,9 @@
 // Package metrics is what the plane exports to Prometheus on its loopback face (`GET
-// /metrics`): every call by endpoint, kind and code with its latency, the credentials issued
+// /metrics`): every call by endpoint and code with its latency, the credentials issued
 // and the mints discarded, the fence writers' CAS retries, the store's errors by class, the
 // plane's epoch and fenced state, and its connections' reconnects. Each plane has its own
-// registry; every label takes its values from a closed set (endpoints, known kinds, refusal
-// codes, duties, connection roles), never from what a caller sent.
+// registry; every label takes its values from a closed set (endpoints, refusal codes, duties,
+// connection roles), never from what a caller sent.
 package metrics
 
 import (
@@ -46,12 +46,12 @@ func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "authplane_requests_total",
-			Help: "Calls answered, by endpoint, kind and code (ok, or the refusal's code).",
-		}, []string{"endpoint", "kind", "code"}),
+			Help: "Calls answered, by endpoint and code (ok, or the refusal's code).",
+		}, []string{"endpoint", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "authplane_request_duration_seconds",
 			Help:    "Time from a call passing the rate limit to its answer, by endpoint.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, 1, 5},
 		}, []string{"endpoint"}),
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "authplane_credentials_issued_total",
@@ -100,7 +100,7 @@ func New(epoch func() uint64, fenced func() bool, retries func() int64) *Metrics
 			}
 			return 0
 		}),
-		collectors.NewGoCollector(),
+		collectors.NewGoCollector(collectors.WithGoCollectorMemStatsMetricsDisabled()),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
@@ -112,21 +112,21 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // Served counts a call answered with code (CodeOK when served) after took.
-func (m *Metrics) Served(endpoint, kind, code string, took time.Duration) {
+func (m *Metrics) Served(endpoint, code string, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
+	m.requests.WithLabelValues(endpoint, code).Inc()
 	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
 }
 
 // Refused counts a call refused before it could be timed (throttled, or refused by an HTTP
 // door before its caller was known).
-func (m *Metrics) Refused(endpoint, kind, code string) {
+func (m *Metrics) Refused(endpoint, code string) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(endpoint, kindLabel(kind), code).Inc()
+	m.requests.WithLabelValues(endpoint, code).Inc()
 }
 
 // Issued counts one committed credential of duty.

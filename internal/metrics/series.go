@@ -1,21 +1,17 @@
 package metrics
 
-// NoKind is the kind label of a call whose body named no kind the plane knows (yet): a
-// throttled call, an HTTP refusal before its body was read. A label is never empty.
-const NoKind = "none"
-
 // EndpointHTTP is the endpoint label of a refusal the HTTP face makes before any door has the
 // request: a wrong method, path, origin, content type or capability, a body too large or not
 // JSON, a face that is busy.
 const EndpointHTTP = "http"
 
 // Series are the label values a plane's series take. Declare makes each series exist from
-// the start, at 0: an alert on a counter that has never moved still has something to read.
+// the start, at 0: an alert on a counter that has never moved still has something to read. A
+// call's series of another code appears with its first such answer, and an endpoint's latency
+// with its first call, so that /metrics stays short.
 type Series struct {
-	// Kinds are each endpoint's request kinds (NoKind is added to every endpoint).
-	Kinds map[string][]string
-	// Codes are the refusal codes (CodeOK is added).
-	Codes []string
+	// Codes are the codes of each endpoint's calls declared from the start.
+	Codes map[string][]string
 	// Duties are the duties each minting endpoint issues.
 	Duties map[string][]string
 	// DiscardCodes are the codes a mint that did not commit is refused with.
@@ -34,13 +30,9 @@ func (m *Metrics) Declare(s Series) {
 	if m == nil {
 		return
 	}
-	codes := append([]string{CodeOK}, s.Codes...)
-	for endpoint, kinds := range s.Kinds {
-		m.latency.WithLabelValues(endpoint)
-		for _, kind := range append([]string{NoKind}, kinds...) {
-			for _, code := range codes {
-				m.requests.WithLabelValues(endpoint, kind, code)
-			}
+	for endpoint, codes := range s.Codes {
+		for _, code := range codes {
+			m.requests.WithLabelValues(endpoint, code)
 		}
 	}
 	for endpoint, duties := range s.Duties {
@@ -71,12 +63,4 @@ func (m *Metrics) Declare(s Series) {
 	for _, reason := range []string{AuditorConsumerPush, AuditorConsumerLimit, AuditorConsumerMalformed} {
 		m.auditors.WithLabelValues(reason)
 	}
-}
-
-// kindLabel is kind as a label: NoKind when the call named none.
-func kindLabel(kind string) string {
-	if kind == "" {
-		return NoKind
-	}
-	return kind
 }
