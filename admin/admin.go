@@ -131,19 +131,27 @@ type IssuedCreds struct {
 	Exp  time.Time
 }
 
+// Validate returns every problem with o at once: its role and principal, its TTL (1m to 720h)
+// and its user limits.
+func (o CredsOptions) Validate() error {
+	_, _, err := credsGrant("default", o)
+	p := []error{err, (mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}).Validate()}
+	if o.TTL < time.Minute || o.TTL > 30*24*time.Hour {
+		p = append(p, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL))
+	}
+	return errors.Join(p...)
+}
+
 // IssueCreds is Creds, with what the credential's record names.
 func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, error) {
+	if err := o.Validate(); err != nil {
+		return IssuedCreds{}, err
+	}
 	name, perms, err := credsGrant(m.Space, o)
 	if err != nil {
 		return IssuedCreds{}, err
 	}
-	if o.TTL < time.Minute || o.TTL > 30*24*time.Hour {
-		return IssuedCreds{}, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL)
-	}
 	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
-	if err := limits.Validate(); err != nil {
-		return IssuedCreds{}, err
-	}
 	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
 	if err != nil {
 		return IssuedCreds{}, err

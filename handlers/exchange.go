@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
@@ -49,8 +50,7 @@ type ExchangeReply struct {
 // existence oracle.
 var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown agent or wrong secret - if this agent should exist, respawn it to rotate its grant")
 
-// errTTL refuses a ttlSec off its range; as in the original, that is the exchange's refusal
-// (401), not the body's.
+// errTTL refuses a ttlSec off its range: the exchange's refusal (401), not the body's.
 var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
 
 // exchange serves `POST /exchange` (docs/PROTOCOL.md, "The HTTP face"), one of two arms per request:
@@ -80,8 +80,21 @@ func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fa
 	case b.ActorToken != nil:
 		return f.agentExchange(ctx, &b, view)
 	}
-	if b.IdPToken == nil || b.Actor == nil || b.Owner != nil {
-		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "exchange needs { idpToken: string, actor: string, ttlSec?: number, view?: string }"))
+	// The refusal names what is missing, for the arm the body is closest to: an owner is an
+	// agent's.
+	var missing *fault.Error
+	switch {
+	case b.IdPToken == nil && b.Owner != nil:
+		missing = fault.New(fault.BadRequest, "agent exchange is missing actorToken: it takes { owner: string, actor: string, actorToken: string, ttlSec?: number }")
+	case b.IdPToken == nil:
+		missing = fault.New(fault.BadRequest, "exchange is missing idpToken (a person's: { idpToken: string, actor: string, ttlSec?: number, view?: string }) or owner and actorToken (an agent's: { owner: string, actor: string, actorToken: string, ttlSec?: number })")
+	case b.Owner != nil:
+		missing = fault.New(fault.BadRequest, "human exchange takes no owner (its IdP token's subject derives it): it takes { idpToken: string, actor: string, ttlSec?: number, view?: string }")
+	case b.Actor == nil:
+		missing = fault.New(fault.BadRequest, "human exchange is missing actor: it takes { idpToken: string, actor: string, ttlSec?: number, view?: string }")
+	}
+	if missing != nil {
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", missing)
 	}
 	sub, owner, refusal := f.verifyIdP(ctx, EndpointExchange, *b.IdPToken)
 	if refusal != nil {
@@ -108,8 +121,15 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 	if view != bearer.ViewCaller {
 		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "the managed (agent-secret) exchange never mints elevated views - views ride a signed-in human exchange"))
 	}
-	if b.Owner == nil || b.Actor == nil || b.IdPToken != nil {
-		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "agent exchange needs { owner: string, actor: string, actorToken: string, ttlSec?: number }"))
+	if b.Owner == nil || b.Actor == nil {
+		var missing []string
+		if b.Owner == nil {
+			missing = append(missing, "owner")
+		}
+		if b.Actor == nil {
+			missing = append(missing, "actor")
+		}
+		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.New(fault.BadRequest, "agent exchange is missing %s: it takes { owner: string, actor: string, actorToken: string, ttlSec?: number }", strings.Join(missing, " and ")))
 	}
 	owner, actor := *b.Owner, *b.Actor
 	if !subjects.ValidUserOwner(owner) || !subjects.ValidActor(actor) {

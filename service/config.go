@@ -71,7 +71,7 @@ type Config struct {
 	// Workers is how many requests each endpoint answers at once: the bound of its pool behind
 	// the one micro service instance (micro hands an endpoint's requests over one at a time).
 	Workers int
-	// Rate and Burst are the per-principal token bucket (Rate <= 0 disables it).
+	// Rate and Burst are the per-principal token bucket (Rate 0 disables it).
 	Rate  float64
 	Burst int
 	// RequestTimeout bounds every request, retries included.
@@ -273,8 +273,12 @@ func (c Config) Validate() error {
 	if c.Workers < 1 || c.Workers > 1024 {
 		bad("--workers %d: want 1 to 1024", c.Workers)
 	}
-	if c.Rate > 0 && c.Burst < 1 {
-		bad("--burst %d: want at least 1 when --rate is set", c.Burst)
+	// A negative or non-finite rate is no silent "no limit": only 0 is.
+	if !(c.Rate >= 0 && c.Rate <= 1_000_000) {
+		bad("--rate %v: want 0 (no limit) to 1000000 requests a second", c.Rate)
+	}
+	if c.Burst < 1 || c.Burst > 1_000_000 {
+		bad("--burst %d: want 1 to 1000000", c.Burst)
 	}
 	if c.RequestTimeout < 100*time.Millisecond || c.RequestTimeout > time.Minute {
 		bad("--request-timeout %s: want 100ms to 1m", c.RequestTimeout)

@@ -32,21 +32,21 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	b := bench.Config{Progress: stderr}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection")
-	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase (after a warm-up of a fifth of it, at most 1s)")
+	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection (1 to 1024)")
+	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase, after a warm-up of a fifth of it, at most 1s (100ms to 10m)")
 	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end against a filled revocation set), storm (bearer connections at once through the auth callout)")
-	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the revocation set's sizes (keys) to fill it to, ascending; max: the largest below its capacity that leaves room for the phase's own ends")
-	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size")
-	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency")
-	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal (and as many through the callout ceiling, and with direct JWTs)")
+	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the revocation set's sizes (keys) to fill it to, ascending (each 0 to 1000000, or max: the largest below its capacity that leaves room for the phase's own ends)")
+	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size (each 1 to 256)")
+	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency (1 to 100)")
+	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal, and as many through the callout ceiling and with direct JWTs (each 1 to 100000)")
 	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
 	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "the plane's micro service instances (and the echo ceiling's)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "requests each endpoint of the plane answers at once, and the echo ceiling's service instances (1 to 1024)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", "", "use this NATS cluster (set up by 'authplane init') instead of an embedded server")
 	fs.StringVar(&cfg.SpaceDir, "space-dir", "", "space material directory (default <dir>/space; with --nats-url, the one its servers were set up with)")
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
-	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (3 on a cluster; --cluster 3 sets it)")
-	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would; 0: an embedded server")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (1, 3 or 5; 3 on a cluster: --cluster 3 sets it)")
+	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would (0 to 5; 0 = an embedded server)")
 	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file: of the first operation's measured phase, or without ops of the largest storm through the callout")
@@ -73,6 +73,9 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := b.Validate(); err != nil {
 		problems = append(problems, err)
+	}
+	if cfg.Replicas != 1 && cfg.Replicas != 3 && cfg.Replicas != 5 {
+		problems = append(problems, fmt.Errorf("--replicas %d: want 1, 3 or 5", cfg.Replicas))
 	}
 	switch {
 	case *cluster < 0 || *cluster > 5:

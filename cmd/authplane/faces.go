@@ -100,9 +100,13 @@ func keys(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err // -h (flag.ErrHelp) included: the usage is printed
 	}
-	if (action != "list" && action != "rotate" && action != "retire") || (action == "retire") != (kid != "") {
-		fs.Usage()
-		return errUsage
+	switch {
+	case action == "":
+		return badUsage("want an action: list, rotate or retire KID")
+	case action != "list" && action != "rotate" && action != "retire":
+		return badUsage("unknown action %q: want list, rotate or retire KID", action)
+	case action == "retire" && kid == "":
+		return badUsage("retire needs the KID of the key to retire ('authplane keys list' lists them)")
 	}
 	m, url, err := located(l)
 	if err != nil {

@@ -16,8 +16,11 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("wait", "[--dir D | --url URL] [--timeout 1m]", stderr)
 	dir := fs.String("dir", ".authplane", "the plane's state directory: its auth-service.json names the HTTP face")
 	url := fs.String("url", "", "the plane's HTTP face (its loopback or public base URL) instead of --dir")
-	timeout := fs.Duration("timeout", time.Minute, "how long to wait")
+	timeout := fs.Duration("timeout", time.Minute, "how long to wait (100ms to 1h)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := timeoutRange(*timeout); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -35,8 +38,11 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 func stopCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stop", "[--dir D] [--timeout 1m]", stderr)
 	dir := fs.String("dir", ".authplane", "the plane's state directory")
-	timeout := fs.Duration("timeout", time.Minute, "how long to wait for it to exit (it drains within its --drain-timeout first)")
+	timeout := fs.Duration("timeout", time.Minute, "how long to wait for it to exit, once it drained within its --drain-timeout (100ms to 1h)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := timeoutRange(*timeout); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -50,5 +56,13 @@ func stopCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "stopped the plane of %s (pid %d)\n", *dir, pid)
+	return nil
+}
+
+// timeoutRange checks the --timeout of wait and stop.
+func timeoutRange(d time.Duration) error {
+	if d < 100*time.Millisecond || d > time.Hour {
+		return fmt.Errorf("--timeout %s: want 100ms to 1h", d)
+	}
 	return nil
 }

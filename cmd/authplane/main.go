@@ -64,8 +64,16 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// errUsage marks an error already explained by a usage message.
-var errUsage = errors.New("usage")
+// usageError is a command called wrong (an unknown command, action or flag, a stray
+// argument): run prints it on one line with where to find the usage, and exits 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// badUsage is a usageError saying what was wrong.
+func badUsage(format string, args ...any) error {
+	return usageError{fmt.Sprintf(format, args...)}
+}
 
 // isHelp reports whether arg asks for help.
 func isHelp(arg string) bool {
@@ -88,16 +96,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(stderr, "authplane: unknown command %q\n\n%s", name, usage())
+		fmt.Fprintf(stderr, "authplane: unknown command %q; run 'authplane --help' for the commands\n", name)
 		return 2
 	}
 	err := cmd.run(args, stdout, stderr)
+	var bad usageError
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage):
+	case errors.As(err, &bad):
+		fmt.Fprintf(stderr, "authplane %s: %s; run 'authplane %s -h' for its usage\n", name, bad.msg, name)
 		return 2
 	}
 	fmt.Fprintf(stderr, "authplane %s: %v\n", name, err)
@@ -121,9 +131,6 @@ func newFlags(name, args string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parse parses a subcommand's flags and their AUTHPLANE_<FLAG> environment twins: a usage
-// error (an unknown flag, a stray argument) is errUsage, `-h` is flag.ErrHelp, and every value
-// that does not parse is reported at once.
 // isFlag reports whether arg is one of fs's flags (-name, --name, -name=value), or help.
 func isFlag(fs *flag.FlagSet, arg string) bool {
 	name, ok := strings.CutPrefix(arg, "-")
@@ -135,6 +142,9 @@ func isFlag(fs *flag.FlagSet, arg string) bool {
 	return name == "" || fs.Lookup(name) != nil || name == "h" || name == "help" // "", of "-" or "--"
 }
 
+// parse parses a subcommand's flags and their AUTHPLANE_<FLAG> environment twins: a usage
+// error (an unknown flag, a stray argument) is a usageError, `-h` prints the usage and is
+// flag.ErrHelp, and every value that does not parse is reported at once.
 func parse(fs *flag.FlagSet, args []string) error {
 	bad, err := parseValues(fs, args)
 	if err != nil {
@@ -146,16 +156,21 @@ func parse(fs *flag.FlagSet, args []string) error {
 // parseValues is parse for a command that reports the values that do not parse together with
 // the rest of its configuration's problems.
 func parseValues(fs *flag.FlagSet, args []string) ([]error, error) {
+	// The flag package prints its error and the whole usage; the usage is for -h alone.
+	out, printUsage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	bad, err := envflag.Parse(fs, args, envflag.Options{Prefix: envPrefix, Lookup: os.LookupEnv})
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, errUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(0))
-		return nil, errUsage
+	fs.SetOutput(out)
+	fs.Usage = printUsage
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return nil, err
+	case err != nil:
+		return nil, badUsage("%v", err)
+	case fs.NArg() > 0:
+		return nil, badUsage("unexpected argument %q", fs.Arg(0))
 	}
 	return bad, nil
 }

@@ -52,13 +52,6 @@ func TestEveryCommandsHelpExitsZeroWithReadableDefaults(t *testing.T) {
 	}
 }
 
-func TestAnUnknownCommandExitsTwoWithTheList(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	if code := run([]string{"frobnicate"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "authplane stop") {
-		t.Errorf("got exit %d and %q, want 2 and the list of commands", code, stderr.String())
-	}
-}
-
 func TestInvocationIsGoRunWhenGoRunBuiltTheBinary(t *testing.T) {
 	tests := []struct {
 		name, exe, arg0, want string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
@@ -18,13 +19,14 @@ func identityCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("identity migrate", "--dir D --instance-name N [--space-dir S] [--nats-url URL]", stderr)
 	l := locateFlags(fs)
 	name := fs.String("instance-name", "", "the name the identity is stored under: serve later with --identity-store kv --instance-name <this>")
-	if len(args) == 0 || args[0] != "migrate" {
-		if len(args) > 0 && isHelp(args[0]) {
-			fs.Usage()
-			return flag.ErrHelp
-		}
+	switch {
+	case len(args) > 0 && isHelp(args[0]):
 		fs.Usage()
-		return errUsage
+		return flag.ErrHelp
+	case len(args) == 0 || strings.HasPrefix(args[0], "-"):
+		return badUsage("want an action: migrate")
+	case args[0] != "migrate":
+		return badUsage("unknown action %q: want migrate", args[0])
 	}
 	if err := parse(fs, args[1:]); err != nil {
 		return err

@@ -74,11 +74,15 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	owner, actor := principalFlags(fs)
 	o := admin.DefaultCreds()
 	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts), ops (a caller that may also use nats micro ls|info|stats|ping) or auditor (read the minted and audit streams; no --owner/--actor)")
-	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential")
-	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold")
-	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes")
+	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential (1m to 720h)")
+	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold (1 to 1000000)")
+	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes (1 KiB to 64 MiB)")
 	out := fs.String("out", "", "the .creds file to write (0600; its directory is made 0700 if need be), once its minted record is written")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
+	if err := o.Validate(); err != nil {
 		return err
 	}
 	if *out == "" {
@@ -88,7 +92,6 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	o.Role, o.Owner, o.Actor = admin.Role(*role), *owner, *actor
 	issued, err := admin.IssueCreds(m, o, time.Now())
 	if err != nil {
 		return err

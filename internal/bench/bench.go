@@ -82,8 +82,8 @@ func (c Config) Validate() error {
 	if c.Duration < 100*time.Millisecond || c.Duration > 10*time.Minute {
 		p = append(p, fmt.Errorf("--duration %s: want 100ms to 10m", c.Duration))
 	}
-	if c.Workers < 1 {
-		p = append(p, fmt.Errorf("--workers %d: want 1 or more", c.Workers))
+	if c.Workers < 1 || c.Workers > 1024 {
+		p = append(p, fmt.Errorf("--workers %d: want 1 to 1024", c.Workers))
 	}
 	for _, ph := range c.Phases {
 		if !slices.Contains(Phases, ph) {
@@ -93,10 +93,9 @@ func (c Config) Validate() error {
 	if len(c.Phases) == 0 {
 		p = append(p, errors.New("--phases: want at least one of ops, ends, storm"))
 	}
-	if c.runs(PhaseEnds) {
-		p = append(p, c.validateEnds()...)
-	}
-	if c.runs(PhaseStorm) && (len(c.Storm) == 0 || slices.Min(c.Storm) < 1 || slices.Max(c.Storm) > 100_000) {
+	// Every flag is held to its range, whichever phases run.
+	p = append(p, c.validateEnds()...)
+	if len(c.Storm) == 0 || slices.Min(c.Storm) < 1 || slices.Max(c.Storm) > 100_000 {
 		p = append(p, fmt.Errorf("--storm %v: want 1 to 100000 connections each", c.Storm))
 	}
 	if len(c.Ops) == 0 {
