@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/idp"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
@@ -51,11 +53,12 @@ func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) 
 	return secret, row, err
 }
 
-// AgentRevoked is what RevokeAgent did: the agent's ledger row as written, and how many live
-// connections of the agent it closed.
+// AgentRevoked is what RevokeAgent did: the agent's ledger row as written, how many live
+// connections of the agent it closed, and whether its secret had been revoked already.
 type AgentRevoked struct {
-	Row    ledger.Row
-	Closed int
+	Row     ledger.Row
+	Closed  int
+	Already bool
 }
 
 // RevokeWindow is how long after the revoke's ledger write a connection the auth callout let
@@ -66,26 +69,41 @@ type AgentRevoked struct {
 // and kicks the agent's connections until the window has passed.
 const RevokeWindow = 2500 * time.Millisecond
 
+// ErrNoAgent is the cause of a revoke's not-found: the principal holds no agent secret (never
+// given one, or revoked already) and the broker lists no connection of it.
+var ErrNoAgent = errors.New("no agent to revoke")
+
 // RevokeAgent clears owner.actor's agent secret, so its next exchange and its next connection
 // are refused, and then closes its live connections: it kicks every connection the auth
 // callout let in as owner.actor, on every server, until RevokeWindow has passed and the broker
 // lists none. A kick, not the data account's revocation set: the callout's users are each a
-// fresh nkey, and the set's ceiling is kept for ended assignments.
+// fresh nkey, and the set's ceiling is kept for ended assignments. A principal that holds no
+// secret (never an agent, or revoked already) has its live connections kicked still (a revoke
+// whose kicks failed is sent again), and is ErrNoAgent when there were none.
 func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (AgentRevoked, error) {
 	kv, done, err := openBucket(ctx, m, natsURL, "agent", subjects.ActorsBucket(m.Space))
 	if err != nil {
 		return AgentRevoked{}, err
 	}
 	defer done()
+	principal := subjects.Principal(owner, actor)
+	until := time.Now().Add(RevokeWindow)
 	row, err := ledger.SetAgentSecret(ctx, kv, owner, actor, "", time.Now())
-	if err != nil {
+	held := !errors.Is(err, ledger.ErrNoAgentSecret)
+	if err != nil && held {
 		return AgentRevoked{}, err
 	}
-	closed, err := closeCalloutConnections(ctx, m, natsURL, subjects.Principal(owner, actor), time.Now().Add(RevokeWindow))
-	if err != nil {
-		return AgentRevoked{Row: row, Closed: closed}, fmt.Errorf("the agent is revoked, but its live connections: %w", err)
+	if !held {
+		until = time.Now() // no write now: nothing the callout read before it to wait for
 	}
-	return AgentRevoked{Row: row, Closed: closed}, nil
+	closed, err := closeCalloutConnections(ctx, m, natsURL, principal, until)
+	if err == nil && !held && closed == 0 {
+		return AgentRevoked{}, fault.Wrap(fault.NotFound, ErrNoAgent, "agent %s not found: it holds no agent secret (never given one, or revoked already) and no live connection; nothing was revoked", principal)
+	}
+	if err != nil {
+		return AgentRevoked{Row: row, Closed: closed}, fmt.Errorf("the agent is revoked, but its live connections (revoke again to close them): %w", err)
+	}
+	return AgentRevoked{Row: row, Closed: closed, Already: !held}, nil
 }
 
 // closeCalloutConnections kicks the connections the auth callout let in as principal, as a

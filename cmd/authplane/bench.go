@@ -155,11 +155,25 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(stdout, string(data))
-		return err
+		if _, err := fmt.Fprintln(stdout, string(data)); err != nil {
+			return err
+		}
+	} else {
+		printReport(stdout, report)
 	}
-	printReport(stdout, report)
-	return nil
+	return unmeasured(report)
+}
+
+// unmeasured is an error naming each operation of r that no answer measured: a bench whose
+// every request was refused measured nothing, and says so.
+func unmeasured(r *bench.Report) error {
+	var p []error
+	for _, op := range r.Operations {
+		if op.Requests == 0 {
+			p = append(p, fmt.Errorf("%s: no request was answered (refused %v): nothing was measured", op.Op, op.Refused))
+		}
+	}
+	return errors.Join(p...)
 }
 
 // intList parses a comma-separated list of integers.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cotal-ai/authplane/internal/bench"
 )
 
 // A command called wrong prints one line: what was wrong, and how to get help; then exits 2.
@@ -219,5 +221,18 @@ func TestServeRefusesARateOrBurstOffItsRange(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr.String(), "--"+c[0]+" ") {
 			t.Errorf("serve --%s %s: got exit %d, %q; want it refused, naming --%s", c[0], c[1], code, stderr.String(), c[0])
 		}
+	}
+}
+
+// A bench whose every request of an operation was refused measured nothing: it says so and
+// fails, after printing its report.
+func TestABenchThatMeasuredNothingFails(t *testing.T) {
+	r := &bench.Report{Operations: []bench.Phase{{Op: "renew", Requests: 10}, {Op: "prepare", Refused: map[string]int{"unavailable": 3}}}}
+	if err := unmeasured(r); err == nil || !strings.Contains(err.Error(), "prepare: no request was answered") || strings.Contains(err.Error(), "renew") {
+		t.Errorf("got %v, want prepare named as measuring nothing, and renew not", err)
+	}
+	r.Operations = r.Operations[:1]
+	if err := unmeasured(r); err != nil {
+		t.Errorf("a bench that measured: got %v, want nil", err)
 	}
 }

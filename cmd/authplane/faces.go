@@ -65,6 +65,10 @@ func agent(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if revoked.Already {
+			fmt.Fprintf(stdout, "agent %s was revoked already: closed %d live connections left\n", principal, revoked.Closed)
+			return nil
+		}
 		fmt.Fprintf(stdout, "revoked agent %s: closed %d live connections\n", principal, revoked.Closed)
 		return nil
 	}

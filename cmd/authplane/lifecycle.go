@@ -34,7 +34,7 @@ func waitCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // stopCmd runs `authplane stop`: SIGTERM to the plane of --dir, and wait until it has exited.
-// A directory no plane runs on is not an error: there is nothing to stop.
+// A directory no plane runs on is an error: the stop did nothing.
 func stopCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stop", "[--dir D] [--timeout 1m]", stderr)
 	dir := fs.String("dir", ".authplane", "the plane's state directory")
@@ -48,11 +48,10 @@ func stopCmd(args []string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	pid, err := admin.Stop(ctx, *dir)
-	switch {
-	case errors.Is(err, admin.ErrNotRunning):
-		fmt.Fprintf(stdout, "no plane runs on %s\n", *dir)
-		return nil
-	case err != nil:
+	if errors.Is(err, admin.ErrNotRunning) {
+		return fmt.Errorf("%w: nothing was stopped", err)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "stopped the plane of %s (pid %d)\n", *dir, pid)

@@ -1,17 +1,22 @@
 package flows
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
+	"github.com/cotal-ai/authplane/subjects"
 )
 
 // After `authplane agent --revoke`, a connection opened with the old bearer must not stay up
@@ -84,5 +89,51 @@ func TestAgentRevokeClosesItsLiveConnections(t *testing.T) {
 	if nc, err := harness.BearerConnect(t, b, token, harness.OwnerA, "worker"); err == nil {
 		nc.Close()
 		t.Error("a revoked agent's bearer connected again, want the callout to refuse it")
+	}
+}
+
+// A revoke that revokes nothing must not look like success: a revoke of a principal that holds
+// no agent secret (no row; a row that was never an agent's; an agent revoked already) with no
+// live connection is not-found, exits non-zero, and writes nothing.
+func TestRevokingNoAgentIsNotFoundAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	harness.Long(t, "waits out a revoke's window")
+	p := harness.StartPlane(t, nil)
+	harness.Grant(t, p, harness.OwnerA, "scoped", "supervise")
+	secret, _, err := admin.SetAgent(harness.GrantCtx(t), p.Keys(), p.NATSURL(), harness.OwnerA, "worker")
+	if err != nil || secret == "" {
+		t.Fatal(err)
+	}
+	if r, err := admin.RevokeAgent(harness.GrantCtx(t), p.Keys(), p.NATSURL(), harness.OwnerA, "worker"); err != nil || r.Already {
+		t.Fatalf("the first revoke of an agent: got %+v, %v; want it revoked", r, err)
+	}
+	kv, err := p.JS(t).KeyValue(harness.GrantCtx(t), subjects.ActorsBucket(harness.TestSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := func(actor string) uint64 {
+		e, err := kv.Get(harness.GrantCtx(t), subjects.ActorKey(harness.OwnerA, actor))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Revision()
+	}
+	for _, actor := range []string{"nosuch", "scoped", "worker"} {
+		before := revision(actor)
+		_, err := admin.RevokeAgent(harness.GrantCtx(t), p.Keys(), p.NATSURL(), harness.OwnerA, actor)
+		if !errors.Is(err, admin.ErrNoAgent) || fault.CodeOf(err) != fault.NotFound {
+			t.Errorf("revoke %s: got %v, want not-found (%v)", actor, err, admin.ErrNoAgent)
+		}
+		code, stdout, stderr := harness.RunAuthplane(t, 30*time.Second, "agent", "--revoke", "--owner", harness.OwnerA, "--actor", actor,
+			"--space-dir", p.Info.SpaceDir, "--nats-url", p.NATSURL())
+		if code != 1 || stdout != "" || !strings.Contains(stderr, "not-found") || !strings.Contains(stderr, "nothing was revoked") {
+			t.Errorf("authplane agent --revoke of %s: got exit %d, stdout %q, stderr %q; want 1, nothing on stdout, not-found", actor, code, stdout, stderr)
+		}
+		if after := revision(actor); after != before {
+			t.Errorf("revoke %s: its ledger row went from revision %d to %d, want nothing written", actor, before, after)
+		}
 	}
 }

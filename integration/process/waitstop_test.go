@@ -55,8 +55,9 @@ func TestWaitReturnsOnceThePlaneIsHealthyAndStopReturnsOnceItHasExited(t *testin
 	if _, held, err := instance.Holder(state); err != nil || held {
 		t.Errorf("after stop: lock held %v (%v), want it free", held, err)
 	}
-	if code, out, _ := runAuthplaneIn(t, dir, time.Minute, "stop"); code != 0 || !strings.Contains(out, "no plane runs on .authplane") {
-		t.Errorf("a second stop: exit %d %q, want 0 and that none runs", code, out)
+	// A stop that stops nothing says so and fails.
+	if code, out, errOut := runAuthplaneIn(t, dir, time.Minute, "stop"); code != 1 || out != "" || !strings.Contains(errOut, "no plane runs on the state directory .authplane: nothing was stopped") {
+		t.Errorf("a second stop: exit %d, stdout %q, stderr %q; want 1 and that none runs", code, out, errOut)
 	}
 	if code, _, errOut := runAuthplaneIn(t, dir, time.Minute, "wait", "--timeout", "300ms"); code != 1 || !strings.Contains(errOut, "not ready") {
 		t.Errorf("wait with no plane: exit %d %q, want 1 and why it is not ready", code, errOut)

@@ -102,9 +102,14 @@ func SetScope(ctx context.Context, kv fence.KV, owner, actor string, scope []str
 	return o.Row, nil
 }
 
+// ErrNoAgentSecret is a revoke of a principal that holds no agent secret: no row, or a row
+// that was never an agent's or was revoked already. Nothing is written.
+var ErrNoAgentSecret = errors.New("no agent secret")
+
 // SetAgentSecret makes the principal a managed agent whose exchange presents a secret hashing
-// to tokenHash (hex SHA-256), keeping its scope; an empty tokenHash revokes the agent. A
-// principal with no row gets one with no scope.
+// to tokenHash (hex SHA-256), keeping its scope; an empty tokenHash revokes the agent, and is
+// ErrNoAgentSecret, writing nothing, when it holds no secret. A principal with no row gets one
+// with no scope.
 func SetAgentSecret(ctx context.Context, kv fence.KV, owner, actor, tokenHash string, now time.Time) (Row, error) {
 	if !subjects.ValidUserOwner(owner) {
 		return Row{}, fmt.Errorf("owner %q: an agent's owner is u_ followed by 26 base32-lower characters", owner)
@@ -114,6 +119,9 @@ func SetAgentSecret(ctx context.Context, kv fence.KV, owner, actor, tokenHash st
 	}
 	o, err := Of(kv, owner, actor).Update(ctx, func(cur *fence.Observed[Row]) (Row, error) {
 		row := cur.Row
+		if tokenHash == "" && (cur.Absent() || row.TokenHash == "") {
+			return Row{}, ErrNoAgentSecret
+		}
 		if cur.Absent() {
 			row = Row{V: 1, Owner: owner, Actor: actor, Scope: []string{}}
 		}

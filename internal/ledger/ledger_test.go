@@ -117,3 +117,27 @@ func TestSetScopeSettlesAnUnknownOutcome(t *testing.T) {
 		t.Fatalf("got %d writes, want one", kv.Revision())
 	}
 }
+
+// A revoke (an empty secret) of a principal that holds no agent secret writes nothing and says
+// so: no row, a row that was never an agent's, an agent revoked already.
+func TestRevokingNoAgentSecretWritesNothing(t *testing.T) {
+	kv := storetest.New()
+	if _, err := SetScope(ctx(t), kv, owner, "scoped", []string{Supervise}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SetAgentSecret(ctx(t), kv, owner, "agent", "abc", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SetAgentSecret(ctx(t), kv, owner, "agent", "", time.Now()); err != nil {
+		t.Fatalf("revoking an agent: %v", err)
+	}
+	for _, actor := range []string{"nobody", "scoped", "agent"} {
+		before, _, _ := Read(ctx(t), kv, owner, actor)
+		if _, err := SetAgentSecret(ctx(t), kv, owner, actor, "", time.Now()); !errors.Is(err, ErrNoAgentSecret) {
+			t.Errorf("revoking %s: got %v, want ErrNoAgentSecret", actor, err)
+		}
+		if after, _, _ := Read(ctx(t), kv, owner, actor); after.GrantedAt != before.GrantedAt {
+			t.Errorf("revoking %s wrote its row: %+v, want %+v", actor, after, before)
+		}
+	}
+}
