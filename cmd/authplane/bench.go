@@ -98,6 +98,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		}
 		defer os.RemoveAll(tmp)
 		*dir = tmp
+	} else if err := secretAt("--dir", *dir, admin.ServiceInfoFile); err != nil {
+		return err
 	}
 	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
 	// The bench measures the plane, not a tenant's budgets: one owner drives it all.

@@ -41,13 +41,18 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("agent", "[flags]", stderr)
 	l := locateFlags(fs)
 	ownerFlag, actor := principalFlags(fs)
-	out := fs.String("out", "", "the file to write the agent's secret to (0600; reusable: the agent exchanges it for each bearer until --revoke or a new --out)")
+	out := fs.String("out", "", "the file to write the agent's secret to (0600; reusable: the agent exchanges it for each bearer until --revoke or a new --out); in a git work tree, only where git ignores it")
 	revoke := fs.Bool("revoke", false, "revoke the agent: its next exchange and connection are refused, and its live connections closed")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *revoke == (*out != "") {
 		return errors.New("give --out FILE for a new secret, or --revoke")
+	}
+	if *out != "" {
+		if err := secretAt("--out", *out, ""); err != nil {
+			return err
+		}
 	}
 	m, err := l.Keys()
 	if err != nil {

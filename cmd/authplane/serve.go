@@ -16,6 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/manager"
+	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -81,6 +82,9 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	if err := errors.Join(problems...); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
 	}
+	if err := secretsAt(cfg); err != nil {
+		return err
+	}
 	cfg.Logger = log
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -107,6 +111,19 @@ func serve(args []string, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
+}
+
+// secretsAt checks where a plane of cfg writes its secrets (the loopback capability and the
+// embedded broker's store in its state directory, new material in its space directory): in a
+// git work tree, git must ignore them.
+func secretsAt(cfg service.Config) error {
+	if err := secretAt("--dir", cfg.Dir, admin.ServiceInfoFile); err != nil {
+		return err
+	}
+	if _, err := space.Load(cfg.SpaceDirOrDefault()); errors.Is(err, space.ErrNotFound) {
+		return secretAt("--space-dir", cfg.SpaceDirOrDefault(), space.OwnerSecretFile)
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,12 +47,17 @@ func initSpace(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("init", "[flags]", stderr)
 	var o admin.InitOptions
 	fs.StringVar(&o.Space, "space", "default", "space name")
-	fs.StringVar(&o.SpaceDir, "space-dir", "space", "where to write the space material (every key and secret)")
+	fs.StringVar(&o.SpaceDir, "space-dir", filepath.Join(stateRoot, "space"), "where to write the space material (every key and secret; in a git work tree, only where git ignores it)")
 	fs.StringVar(&o.ServerConf, "server-conf", "", "where to write the nats-server configuration (default <space-dir>/nats-server.conf)")
-	fs.StringVar(&o.ServerStore, "server-store", "./nats", "where the nats-server keeps its resolver and JetStream data")
+	fs.StringVar(&o.ServerStore, "server-store", filepath.Join(stateRoot, "nats"), "where the nats-server keeps its resolver and JetStream data")
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:4222", "the nats-server's client address")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if _, err := space.Load(o.SpaceDir); errors.Is(err, space.ErrNotFound) {
+		if err := secretAt("--space-dir", o.SpaceDir, space.OwnerSecretFile); err != nil {
+			return err
+		}
 	}
 	created, conf, err := admin.Init(o)
 	if err != nil {
@@ -77,7 +83,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential (1m to 720h)")
 	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold (1 to 1000000)")
 	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes (1 KiB to 64 MiB)")
-	out := fs.String("out", "", "the .creds file to write (0600; its directory is made 0700 if need be), once its minted record is written")
+	out := fs.String("out", "", "the .creds file to write (0600; its directory is made 0700 if need be), once its minted record is written; in a git work tree, only where git ignores it")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -87,6 +93,9 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	}
 	if *out == "" {
 		return fmt.Errorf("--out is required")
+	}
+	if err := secretAt("--out", *out, ""); err != nil {
+		return err
 	}
 	m, url, err := located(l)
 	if err != nil {
@@ -158,7 +167,7 @@ func grant(args []string, stdout, stderr io.Writer) error {
 // nkeysCmd generates the five duty nkeys of one manager instance and prints a prepare body.
 func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("nkeys", "[flags]", stderr)
-	out := fs.String("out", "", "directory for the five seeds (0600) and prepare.json")
+	out := fs.String("out", "", "directory for the five seeds (0600) and prepare.json; in a git work tree, only where git ignores it")
 	spaceName := fs.String("space", "default", "space name")
 	actor := fs.String("actor", "cli", "the actor of the principal that will send the prepare")
 	if err := parse(fs, args); err != nil {
@@ -166,6 +175,9 @@ func nkeysCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if *out == "" {
 		return fmt.Errorf("--out is required")
+	}
+	if err := secretAt("--out", *out, "supervisor.nk"); err != nil {
+		return err
 	}
 	body, err := admin.ManagerKeys(*out, *spaceName, *actor)
 	if err != nil {
@@ -187,4 +199,32 @@ func (g *given) String() string { return g.value }
 func (g *given) Set(s string) error {
 	g.value, g.set = s, true
 	return nil
+}
+
+// stateRoot is the directory name of authplane's default state, which it has git ignore.
+const stateRoot = ".authplane"
+
+// secretAt checks that flag's value path may hold a secret (at inside it, when path is a
+// directory): in a git work tree, git must ignore it. A .authplane directory on the way is
+// made and marked ignored first. A path git would not ignore is refused, saying where to write
+// instead.
+func secretAt(flag, path, inside string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	for dir := abs; filepath.Dir(dir) != dir; dir = filepath.Dir(dir) {
+		if filepath.Base(dir) == stateRoot {
+			if err := files.MarkIgnored(dir); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	err = files.CheckIgnored(filepath.Join(path, inside))
+	if errors.Is(err, files.ErrCommittable) {
+		return fmt.Errorf("%s %s: %w; write the secret outside the work tree, or under %s/ (%s %s), which authplane has git ignore",
+			flag, path, err, stateRoot, flag, filepath.Join(stateRoot, filepath.Base(path)))
+	}
+	return err
 }

@@ -21,6 +21,10 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
+// OwnerSecretFile is the material's file of the owner secret: the one a check of where the
+// material may be written asks git about.
+const OwnerSecretFile = ownerSecretFile
+
 // File names inside the space directory.
 const (
 	descriptorFile      = "space.json"
