@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -41,11 +40,14 @@ type Config struct {
 	NATSPort int
 	// HTTPPort is the loopback HTTP face's port (0 = a free port).
 	HTTPPort int
-	// PublicPort is the public HTTP face's port on 127.0.0.1, behind a TLS-ending proxy (0 = a
+	// PublicPort is the public HTTP face's port on PublicHost, behind a TLS-ending proxy (0 = a
 	// free port, -1 = no public face).
 	PublicPort int
-	// PublicURL is the public face's URL as clients see it (https://…), what the discovery
-	// bundle names; "" names the bound port.
+	// PublicHost is the IP address the public face listens on: 127.0.0.1, or 0.0.0.0 in a
+	// container whose port is published.
+	PublicHost string
+	// PublicURL is the public face's URL as clients see it (https://…, or http:// on a loopback
+	// IP literal), what the discovery bundle names; "" names the bound port.
 	PublicURL string
 	// TrustedProxy says the public face sits behind a proxy whose last X-Forwarded-For hop
 	// names the peer.
@@ -199,6 +201,7 @@ func Defaults() Config {
 		NATSPort:                   4222,
 		HTTPPort:                   8480,
 		PublicPort:                 -1,
+		PublicHost:                 "127.0.0.1",
 		PublicPeerInFlight:         handlers.DefaultPeerInFlight,
 		LoopbackInFlight:           handlers.DefaultLoopbackInFlight,
 		HTTPBodyTimeout:            handlers.DefaultBodyTimeout,
@@ -367,63 +370,6 @@ func (c Config) validateOperations() []error {
 		p = append(p, fmt.Errorf("--identity-store %q: want %s or %s", c.IdentityStore, instance.StoreFile, instance.StoreKV))
 	}
 	return p
-}
-
-// validatePublic checks the public face's flags: each needs --public-port, the public URL is
-// https, the advertised server a NATS URL, and the IdP's JWKS https or http on a loopback IP
-// literal.
-func (c Config) validatePublic(bad func(string, ...any)) {
-	if c.PublicPort < -1 || c.PublicPort > 65535 {
-		bad("--public-port %d: want 0 to 65535, or -1 for no public face", c.PublicPort)
-	}
-	off := c.PublicPort < 0
-	if c.PublicURL != "" {
-		if u, err := url.Parse(c.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			bad("--public-url %q: want https://host[/path] (TLS ends at the proxy in front of the public face)", c.PublicURL)
-		}
-		if off {
-			bad("--public-url: needs --public-port")
-		}
-	}
-	if c.TrustedProxy && off {
-		bad("--trusted-proxy: needs --public-port")
-	}
-	if c.AdvertisedServer != "" {
-		u, err := url.Parse(c.AdvertisedServer)
-		if err != nil || u.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
-			bad("--advertised-server %q: want nats://, tls://, ws:// or wss:// host:port", c.AdvertisedServer)
-		}
-		if off {
-			bad("--advertised-server: needs --public-port")
-		}
-	}
-	if c.IdP.URL == "" {
-		if c.IdP.Issuer != "" || c.IdP.Audience != "" || c.IdP.JWKS != "" {
-			bad("--idp-issuer, --idp-audience and --idp-jwks: need --idp-url")
-		}
-		return
-	}
-	if u, err := url.Parse(c.IdP.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		bad("--idp-url %q: want the identity provider's https:// URL", c.IdP.URL)
-		return
-	}
-	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
-		bad("--idp-jwks: %v", err)
-	}
-}
-
-// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
-// slots, the loopback doors' slots, and the wait for a body.
-func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
-	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
-		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
-	}
-	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
-		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
-	}
-	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
-		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
-	}
 }
 
 // IdPConfig is the IdP the space trusts with its defaults: issuer and audience the URL's

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -89,7 +91,7 @@ func (p *Plane) serveHTTP(h *handlers.HTTP) error {
 		return nil
 	}
 	// The bundle names the configured public URL, not the bound port, unless there is none.
-	bound, err := p.listenLater("--public-port", p.cfg.PublicPort)
+	bound, err := p.listenOn("--public-port", p.cfg.PublicHost, p.cfg.PublicPort)
 	if err != nil {
 		return err
 	}
@@ -117,7 +119,12 @@ func (p *Plane) listen(flag string, port int, handler http.Handler) (string, err
 }
 
 func (p *Plane) listenLater(flag string, port int) (net.Listener, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	return p.listenOn(flag, "127.0.0.1", port)
+}
+
+// listenOn opens a listener on host:port, its refusal naming flag.
+func (p *Plane) listenOn(flag, host string, port int) (net.Listener, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
 		return nil, fmt.Errorf("%s %d: %w (pick another port, or 0 for a free one)", flag, port, err)
 	}
@@ -178,4 +185,69 @@ func (p *Plane) bundle(public string) ([]byte, error) {
 		"sentinelCreds": string(sentinel),
 	}
 	return json.Marshal(b)
+}
+
+// validatePublic checks the public face's flags: each needs --public-port, the host is an IP
+// literal, the public URL https (or http on a loopback IP literal: a port published on the
+// host's loopback), the advertised server a NATS URL, and the IdP's JWKS https or http on a
+// loopback IP literal.
+func (c Config) validatePublic(bad func(string, ...any)) {
+	if c.PublicPort < -1 || c.PublicPort > 65535 {
+		bad("--public-port %d: want 0 to 65535, or -1 for no public face", c.PublicPort)
+	}
+	if ip := net.ParseIP(c.PublicHost); ip == nil {
+		bad("--public-host %q: want an IP address (127.0.0.1, or 0.0.0.0 in a container whose port is published)", c.PublicHost)
+	} else if ip.IsUnspecified() && c.PublicURL == "" && c.PublicPort >= 0 {
+		bad("--public-host %s: needs --public-url, the address clients reach the face at (the bundle names it)", c.PublicHost)
+	}
+	off := c.PublicPort < 0
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		loopback := err == nil && u.Scheme == "http" && net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback()
+		if err != nil || (u.Scheme != "https" && !loopback) || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			bad("--public-url %q: want https://host[/path] (TLS ends at the proxy in front of the public face), or http:// on a loopback IP literal", c.PublicURL)
+		}
+		if off {
+			bad("--public-url: needs --public-port")
+		}
+	}
+	if c.TrustedProxy && off {
+		bad("--trusted-proxy: needs --public-port")
+	}
+	if c.AdvertisedServer != "" {
+		u, err := url.Parse(c.AdvertisedServer)
+		if err != nil || u.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) {
+			bad("--advertised-server %q: want nats://, tls://, ws:// or wss:// host:port", c.AdvertisedServer)
+		}
+		if off {
+			bad("--advertised-server: needs --public-port")
+		}
+	}
+	if c.IdP.URL == "" {
+		if c.IdP.Issuer != "" || c.IdP.Audience != "" || c.IdP.JWKS != "" {
+			bad("--idp-issuer, --idp-audience and --idp-jwks: need --idp-url")
+		}
+		return
+	}
+	if u, err := url.Parse(c.IdP.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		bad("--idp-url %q: want the identity provider's https:// URL", c.IdP.URL)
+		return
+	}
+	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
+		bad("--idp-jwks: %v", err)
+	}
+}
+
+// validateHTTPBudgets checks the HTTP faces' budgets: a peer's share of the public face's
+// slots, the loopback doors' slots, and the wait for a body.
+func (c Config) validateHTTPBudgets(bad func(string, ...any)) {
+	if c.PublicPeerInFlight < 1 || c.PublicPeerInFlight > handlers.PublicMaxInFlight {
+		bad("--public-peer-inflight %d: want 1 to %d (the public face's requests in flight)", c.PublicPeerInFlight, handlers.PublicMaxInFlight)
+	}
+	if c.LoopbackInFlight < 1 || c.LoopbackInFlight > 4096 {
+		bad("--loopback-inflight %d: want 1 to 4096", c.LoopbackInFlight)
+	}
+	if c.HTTPBodyTimeout < 100*time.Millisecond || c.HTTPBodyTimeout > handlers.PublicDeadline {
+		bad("--http-body-timeout %s: want 100ms to %s", c.HTTPBodyTimeout, handlers.PublicDeadline)
+	}
 }

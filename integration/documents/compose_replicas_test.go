@@ -45,7 +45,7 @@ func TestComposeReplicasKeepTheirIdentityWithoutAStateVolume(t *testing.T) {
 				value = s.SpaceDir
 			case "replicas":
 				value = "1"
-			case "http-port":
+			case "http-port", "public-port":
 				value = "0"
 			case "dir":
 				value = t.TempDir()

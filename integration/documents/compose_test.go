@@ -35,6 +35,7 @@ type composeService struct {
 	Image     string                            `yaml:"image"`
 	Command   []string                          `yaml:"command"`
 	Volumes   []string                          `yaml:"volumes"`
+	Ports     []string                          `yaml:"ports"`
 	DependsOn map[string]composeDependsOnTarget `yaml:"depends_on"`
 }
 

@@ -52,6 +52,10 @@ func TestServeReportsEveryConfigurationProblemAtOnceAndNoSecret(t *testing.T) {
 			[]string{"--standing-ttl 1s", "--max-assignment-ttl 1s"}},
 		{"a negative drain and an unknown identity store", []string{"--drain-timeout", "-1s"}, []string{"AUTHPLANE_IDENTITY_STORE=disk"},
 			[]string{"--drain-timeout -1s", `--identity-store "disk"`}},
+		{"a public face on every address that names no URL", []string{"--public-port", "0", "--public-host", "0.0.0.0"}, nil,
+			[]string{"--public-host 0.0.0.0: needs --public-url"}},
+		{"a public URL in plain http off the loopback, and a host name for an address", []string{"--public-port", "0", "--public-url", "http://example.com"},
+			[]string{"AUTHPLANE_PUBLIC_HOST=localhost"}, []string{`--public-url "http://example.com"`, `--public-host "localhost"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,15 +83,15 @@ func RunServerConfOn(t testing.TB, conf string, port int) *server.Server {
 		t.Fatalf("got listen %s:%d from %s, want 127.0.0.1:-1", opts.Host, opts.Port, conf)
 	}
 	opts.Port = port
-	return runServer(t, opts, "nats-server from "+conf)
+	return RunServer(t, opts, "nats-server from "+conf)
 }
 
 // serverReady is how long a server may take to listen once started.
 const serverReady = 90 * time.Second
 
-// runServer runs a nats-server with opts (no signals; logs only with AUTHPLANE_TEST_LOG=1)
+// RunServer runs a nats-server with opts (no signals; logs only with AUTHPLANE_TEST_LOG=1)
 // until it accepts connections, and shuts it down when the test ends.
-func runServer(t testing.TB, opts *server.Options, what string) *server.Server {
+func RunServer(t testing.TB, opts *server.Options, what string) *server.Server {
 	t.Helper()
 	opts.NoSigs = true
 	opts.NoLog = !testLogging()
