@@ -289,3 +289,30 @@ func TestNoProductionPackageImportsATestSupportPackage(t *testing.T) {
 		t.Errorf("go list named %d packages outside the tests; the reader is broken", checked)
 	}
 }
+
+// history is how a document would speak of what never shipped: "the original" it was ported
+// from, or releases before this first one, with upgrades from them.
+var history = regexp.MustCompile(`(?i)\bthe original\b|\b(earlier|older|previous|former|prior) releases?\b|\brelease (before|prior to)\b|\ban upgrade\b|\bupgrad(e|es|ing) from\b|\bpredates?\b`)
+
+// No document refers to "the original" or to releases that never shipped: this is the first
+// release, and the documents describe it, not its history (that is the git log's, and
+// docs/decisions' dated records).
+func TestNoDocumentSpeaksOfReleasesThatNeverShipped(t *testing.T) {
+	docs := []string{"README.md", "BENCHMARKS.md"}
+	entries, err := os.ReadDir(filepath.Join(repoRoot, "docs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".md") {
+			docs = append(docs, "docs/"+e.Name())
+		}
+	}
+	for _, path := range docs {
+		for i, line := range strings.Split(readDoc(t, path), "\n") {
+			if m := history.FindString(line); m != "" {
+				t.Errorf("%s:%d speaks of %q: %s", path, i+1, m, line)
+			}
+		}
+	}
+}
