@@ -1,0 +1,25 @@
+package service
+
+import (
+	"time"
+
+	"github.com/cotal-ai/authplane/internal/revocation"
+)
+
+// Hooks let tests pause the plane at points where races matter.
+type Hooks struct {
+	// BeforeCommit runs after a mint is signed and recorded, before its commit fence.
+	BeforeCommit func()
+	// AfterEndStep runs after each step (1 to supervisor.EndSteps) of the supervisor-end of
+	// instance iid; an error stops the end there, as a crash would.
+	AfterEndStep func(iid string, step int) error
+	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
+	// metrics, instead of every WitnessSampleEvery.
+	WitnessSampleEvery time.Duration
+	// RevocationRecheckEvery, when set, is how often the broker's revocations are checked
+	// against the set, instead of every RevocationRecheckEvery.
+	RevocationRecheckEvery time.Duration
+	// RevocationBroker, when set, wraps the broker the revocation set pushes to and reads
+	// back from (a fault injected between them).
+	RevocationBroker func(revocation.Broker) revocation.Broker
+}
