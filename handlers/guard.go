@@ -64,6 +64,10 @@ type Guard struct {
 	// Draining reports that the plane is stopping: a call that arrives then is answered
 	// `unavailable` before any work; calls in flight finish. Nil: never.
 	Draining func() bool
+	// Unsynced reports that a server of the broker does not sync every write and the operator
+	// did not accept it (--allow-unsynced): a call is answered `unavailable` before any work
+	// until it does. Nil: never.
+	Unsynced func() bool
 	// Metrics counts every call and its latency; nil counts nothing.
 	Metrics *metrics.Metrics
 }
@@ -71,6 +75,8 @@ type Guard struct {
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
 
 func (g *Guard) draining() bool { return g.Draining != nil && g.Draining() }
+
+func (g *Guard) unsynced() bool { return g.Unsynced != nil && g.Unsynced() }
 
 // Refused records a refusal made before a call could be made of a request: a door that could
 // not yet name its caller ("_._").
@@ -89,10 +95,13 @@ var errFenced = fault.New(fault.Unavailable, "this authority plane is momentaril
 // errDraining answers a call that arrives while the plane stops.
 var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping and takes no new request; retry shortly")
 
+// errUnsynced answers a call while a server of the broker does not sync every write.
+var errUnsynced = fault.New(fault.Unavailable, "this authority plane is unavailable: a server of its broker does not sync every write to disk; retry later")
+
 // Serve runs fn for c if c passes every check, and returns the reply or the refusal. In
 // order: c names a valid principal (bad-request otherwise); the principal is within its rate
-// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced or stopping
-// (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
+// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced, stopping,
+// or on a server that does not sync every write (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
 // refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
 // answered while the plane was being fenced is answered `unavailable` (docs/OPERATIONS.md, "What it runs": the plane's own instance): a refusal
 // keeps its own code in its record, and a mint that committed just then was withheld and
@@ -123,6 +132,8 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 		err = errFenced
 	case g.draining():
 		err = errDraining // no new work once the stop began; calls in flight finish
+	case g.unsynced():
+		err = errUnsynced // nothing it would write could be counted on
 	default:
 		work, stop := audit.Reserve(ctx)
 		reply, about, err = fn(work, c)

@@ -33,12 +33,14 @@ type guardEnv struct {
 	records  *storetest.Stream
 	fenced   atomic.Bool
 	draining atomic.Bool
+	unsynced atomic.Bool
 }
 
 func newGuardEnv(rate float64, burst int) *guardEnv {
 	e := &guardEnv{records: storetest.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: budget.New(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load}
+	e.g = &Guard{Limiter: budget.New(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load,
+		Unsynced: e.unsynced.Load}
 	return e
 }
 
@@ -212,6 +214,29 @@ func TestADrainingPlaneRefusesNewCallsAndFinishesTheOneInFlight(t *testing.T) {
 	}
 	if got := e.refused(t); len(got) != 1 || got[0].Code != string(fault.Unavailable) {
 		t.Errorf("records: got %+v, want the one unavailable refusal", got)
+	}
+}
+
+// While a server of the broker does not sync every write (and the operator did not accept it),
+// every call is answered unavailable, recorded, without its handler; once it does, calls are
+// served again.
+func TestAPlaneOnAnUnsyncedServerRefusesEveryCallUntilItSyncs(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	var n atomic.Int32
+	e.unsynced.Store(true)
+	if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "x", nil)); refusal == nil || refusal.Code != fault.Unavailable ||
+		!strings.Contains(refusal.Message, "does not sync every write") {
+		t.Errorf("a call on an unsynced server: got %v, want unavailable saying a server does not sync", refusal)
+	}
+	if n.Load() != 0 {
+		t.Errorf("the handler ran %d times, want never", n.Load())
+	}
+	if got := e.refused(t); len(got) != 1 || got[0].Code != string(fault.Unavailable) {
+		t.Errorf("records: got %+v, want the one unavailable refusal", got)
+	}
+	e.unsynced.Store(false)
+	if _, refusal := e.g.Serve(call("cli", "{}"), counting(&n, "x", nil)); refusal != nil || n.Load() != 1 {
+		t.Errorf("once every server syncs: got %v after %d handler runs, want the call served", refusal, n.Load())
 	}
 }
 

@@ -60,7 +60,10 @@ type HTTP struct {
 	Timeout time.Duration
 	// Health says whether the plane can serve, and if not, why.
 	Health func(ctx context.Context) (ok bool, reason string)
-	Keys   *bearer.Keys
+	// Unsynced names the servers not syncing every write that --allow-unsynced accepted, for an
+	// ok /health to list. Nil: none.
+	Unsynced func() []string
+	Keys     *bearer.Keys
 	// Records records every bearer issued.
 	Records Exchanges
 	// IdP verifies the identity provider's tokens; nil when the space trusts none.
@@ -223,7 +226,11 @@ func (f *face) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, fault.Unavailable.HTTPStatus(), map[string]any{"ok": false, "reason": reason})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "issuer": "urn:cotal:auth:" + f.h.Space})
+	answer := map[string]any{"ok": true, "issuer": "urn:cotal:auth:" + f.h.Space}
+	if u := f.h.Unsynced; u != nil && len(u()) > 0 {
+		answer["unsynced"] = u()
+	}
+	writeJSON(w, http.StatusOK, answer)
 }
 
 func (f *face) jwks(w http.ResponseWriter, r *http.Request) {

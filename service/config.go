@@ -136,6 +136,10 @@ type Config struct {
 	// once.
 	ConnectTimeout time.Duration
 
+	// AllowUnsynced serves on servers that do not sync every write, and runs the embedded one
+	// so (docs/OPERATIONS.md, "Durability").
+	AllowUnsynced bool
+
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under
 	// InstanceName, so a restart without the disk is the same instance).

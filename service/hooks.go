@@ -19,6 +19,9 @@ type Hooks struct {
 	// RevocationRecheckEvery, when set, is how often the broker's revocations are checked
 	// against the set, instead of every RevocationRecheckEvery.
 	RevocationRecheckEvery time.Duration
+	// SyncCheckEvery, when set, is how often the servers' sync settings are read again,
+	// instead of every SyncCheckEvery.
+	SyncCheckEvery time.Duration
 	// RevocationBroker, when set, wraps the broker the revocation set pushes to and reads
 	// back from (a fault injected between them).
 	RevocationBroker func(revocation.Broker) revocation.Broker

@@ -38,7 +38,7 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
 		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PeerInFlight: cfg.PublicPeerInFlight, LoopbackInFlight: cfg.LoopbackInFlight,
 		BodyTimeout: cfg.HTTPBodyTimeout, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
-		Metrics: p.metrics.Handler(), Records: d.records,
+		Metrics: p.metrics.Handler(), Records: d.records, Unsynced: p.unsyncedServers,
 	}
 	if cfg.IdP.URL != "" {
 		v, err := idp.New(cfg.IdPConfig(), cfg.Now)

@@ -79,6 +79,10 @@ type Plane struct {
 	// opened is the stores once open, for the metrics (the loopback face serves them from the
 	// start).
 	opened atomic.Pointer[store.Stores]
+	// system is the plane's system-account user's connection; unsynced names the servers that
+	// did not sync every write at the last reading (durable.go).
+	system   *nats.Conn
+	unsynced atomic.Pointer[[]string]
 	// revocations is the data account's revocation set, applied through the system user.
 	revocations *revocation.Set
 	// dataAccount is the data account reached through the system user's connection; conns
@@ -141,6 +145,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return 0 // the loopback face serves /metrics before the stores open
 	})
 	p.metrics.Declare(series())
+	p.metrics.Unsynced(func() int { return len(p.unsyncedServers()) })
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.teardown())
@@ -190,6 +195,13 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.setPhase("connecting to NATS at " + broker.RedactURL(p.info.NATSURL))
 	if p.storeNC, err = p.connectRenewed("store", planeIssuer, subjects.StorePermissions(cfg.Space), rewatch); err != nil {
+		return nil, err
+	}
+	if err := p.connectSystem(); err != nil {
+		return nil, err
+	}
+	p.setPhase("reading how the servers sync their stores")
+	if err := p.checkSync(ctx); err != nil {
 		return nil, err
 	}
 	p.setPhase("opening the stores")
@@ -279,21 +291,7 @@ func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
 // revocation set gets it back. Without the operator signing key it says so and leaves the
 // accounts as the material has them.
 func (p *Plane) applyAccountPolicy(ctx context.Context) error {
-	sysIssuer, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
-	if err != nil {
-		return err
-	}
-	// Connection events missed while it was away are put right by a listing.
-	relist := func() {
-		select {
-		case p.relist <- struct{}{}:
-		default: // one is pending already
-		}
-	}
-	system, err := p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), relist)
-	if err != nil {
-		return err
-	}
+	system := p.system
 	sign := func(revoked map[string]int64) (string, int64, error) {
 		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
 	}
@@ -347,6 +345,8 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 		return false, "fenced: another process registered this instance at a newer epoch"
 	case !p.ready.Load():
 		return false, "starting: " + *p.phase.Load()
+	case p.unsyncedRefused() != "":
+		return false, p.unsyncedRefused()
 	}
 	if !p.connected() {
 		return false, "disconnected from NATS"
@@ -406,10 +406,11 @@ func (p *Plane) startBroker() error {
 		return nil
 	}
 	b, err := broker.Start(p.keys, broker.Options{
-		Dir:    filepath.Join(p.cfg.Dir, "nats"),
-		Port:   p.cfg.NATSPort,
-		Name:   "authplane-" + p.self(),
-		Logger: p.log.With("component", "nats-server"),
+		Dir:      filepath.Join(p.cfg.Dir, "nats"),
+		Port:     p.cfg.NATSPort,
+		Name:     "authplane-" + p.self(),
+		Logger:   p.log.With("component", "nats-server"),
+		Unsynced: p.cfg.AllowUnsynced,
 	})
 	if errors.Is(err, broker.ErrPortInUse) {
 		return fmt.Errorf("--nats-port %d: %w (pick another port, or 0 for a free one)", p.cfg.NATSPort, err)

@@ -193,6 +193,10 @@ func AccountConnz(account string) string { return "$SYS.REQ.ACCOUNT." + account 
 // ServerPing asks every server for its statistics: how the plane counts a cluster's servers.
 const ServerPing = "$SYS.REQ.SERVER.PING"
 
+// ServerVarz asks every server for its configuration: how the plane reads whether each one
+// syncs every JetStream write to disk.
+const ServerVarz = "$SYS.REQ.SERVER.PING.VARZ"
+
 // AccountConnectEvents and AccountDisconnectEvents are where every server announces a client
 // connection of the account opening and closing: how the plane counts each principal's
 // connections.

@@ -227,6 +227,9 @@ func TestComposeFile(t *testing.T) {
 		if len(opts.TrustedOperators) != 1 || opts.AccountResolver == nil {
 			t.Errorf("%s: want operator mode with an account resolver from init's config", name)
 		}
+		if !opts.SyncAlways {
+			t.Errorf("%s: want every JetStream write synced to disk (sync_interval: always); got every %s", name, opts.SyncInterval)
+		}
 		// NewServer validates the options as a whole (JetStream in a cluster needs a server
 		// name, and so on) without listening on anything.
 		ns, err := server.NewServer(opts)

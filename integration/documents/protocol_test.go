@@ -579,7 +579,8 @@ func keyPaths(v any, path string) []string {
 func TestProtocolExamplesAreWhatThePlaneTakesAndAnswers(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	p := harness.StartPlane(t, func(cfg *service.Config) { cfg.Dir, cfg.PublicPort = dir, 0 })
+	// Synced, as a user runs it: /health names no unsynced server.
+	p := harness.StartPlane(t, func(cfg *service.Config) { cfg.Dir, cfg.PublicPort, cfg.AllowUnsynced = dir, 0, false })
 	harness.Grant(t, p, harness.OwnerA, "cli", "supervise")
 	harness.Grant(t, p, harness.OwnerP, "admin", "platform-admin")
 	capH := harness.CapHeader(t, dir)

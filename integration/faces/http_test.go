@@ -16,7 +16,8 @@ import (
 
 func TestHealthAnswersOnlyOnItsExactPath(t *testing.T) {
 	t.Parallel()
-	p := harness.StartPlane(t, nil)
+	// Synced, as a user runs it: /health names no unsynced server.
+	p := harness.StartPlane(t, func(c *service.Config) { c.AllowUnsynced = false })
 	tests := []struct {
 		name   string
 		method string

@@ -1,5 +1,6 @@
 // Package broker runs the embedded nats-server: operator mode with a full account resolver
-// under the process state directory, JetStream, and the space's four accounts.
+// under the process state directory, JetStream syncing every write, and the space's four
+// accounts.
 package broker
 
 import (
@@ -32,6 +33,9 @@ type Options struct {
 	Name string
 	// Logger receives the server's warnings and errors; nil discards them.
 	Logger *slog.Logger
+	// Unsynced runs JetStream without syncing every write: it syncs every two minutes, so an
+	// OS crash or a power cut can take back what it acknowledged (`--allow-unsynced`).
+	Unsynced bool
 }
 
 // Broker is a running embedded nats-server.
@@ -76,13 +80,15 @@ func Start(m *space.Keys, o Options) (*Broker, error) {
 		port = server.RANDOM_PORT
 	}
 	opts := &server.Options{
-		ServerName:       o.Name,
-		Host:             "127.0.0.1",
-		Port:             port,
-		NoLog:            o.Logger == nil,
-		NoSigs:           true,
-		JetStream:        true,
-		StoreDir:         filepath.Join(o.Dir, "jetstream"),
+		ServerName: o.Name,
+		Host:       "127.0.0.1",
+		Port:       port,
+		NoLog:      o.Logger == nil,
+		NoSigs:     true,
+		JetStream:  true,
+		StoreDir:   filepath.Join(o.Dir, "jetstream"),
+		// Every write reaches the disk before it is acknowledged (`sync_interval: always`).
+		SyncAlways:       !o.Unsynced,
 		TrustedOperators: []*jwt.OperatorClaims{op},
 		SystemAccount:    m.System.Public(),
 		AccountResolver:  resolver,

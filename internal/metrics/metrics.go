@@ -157,3 +157,15 @@ func (m *Metrics) Summarized(decision string) {
 		m.summarized.WithLabelValues(decision).Inc()
 	}
 }
+
+// Unsynced registers how many of the broker's servers did not sync every write at the plane's
+// last reading of their settings (servers; the plane reads them every 30 s).
+func (m *Metrics) Unsynced(servers func() int) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "authplane_unsynced_servers",
+		Help: "Servers of the broker that acknowledge JetStream writes before they are on disk (not sync_interval: always), at the last reading; the plane serves on them only with --allow-unsynced.",
+	}, func() float64 { return float64(servers()) }))
+}

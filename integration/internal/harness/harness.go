@@ -52,13 +52,16 @@ func NewTextLogger(w io.Writer) *slog.Logger {
 }
 
 // PlaneConfig is the configuration every test plane starts from: an embedded broker on a free
-// port, a free HTTP port, a fresh state directory and two workers.
+// port, a free HTTP port, a fresh state directory and two workers. It accepts servers that do
+// not sync every write, and runs the embedded one so: the tests that are not about durability
+// stay fast. Those that are start from service.Defaults' AllowUnsynced (integration/durable).
 func PlaneConfig(t testing.TB) service.Config {
 	cfg := service.Defaults()
 	cfg.Dir = t.TempDir()
 	cfg.NATSPort = 0
 	cfg.HTTPPort = 0
 	cfg.Workers = 2
+	cfg.AllowUnsynced = true
 	cfg.Logger = testLogger(t)
 	return cfg
 }

@@ -386,3 +386,22 @@ func (a *AsyncErrors) WaitViolation(t testing.TB, op, subject string) {
 		return nil
 	})
 }
+
+// PrepareOnce prepares a new manager instance of OwnerA.cli on a fresh connection, and says
+// how the plane answered.
+func PrepareOnce(t testing.TB, p *TestPlane) error {
+	t.Helper()
+	c, err := client.Connect(p.NATSURL(), TestSpace, OwnerA, "cli", nats.UserCredentials(WriteCallerCreds(t, p.Keys(), OwnerA, "cli")))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m, _, err := client.NewManager()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = c.Prepare(ctx, m)
+	return err
+}

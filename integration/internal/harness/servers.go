@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -153,4 +154,24 @@ func FreePorts(t testing.TB, n int) []int {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports
+}
+
+// syncInterval is the JetStream sync setting of a configuration `authplane init` wrote.
+var syncInterval = regexp.MustCompile(`(?m)^  sync_interval: .*$`)
+
+// SyncingEvery rewrites the nats-server configuration at path, as `authplane init` wrote it, to
+// sync its JetStream store every interval (a nats-server duration such as `"2m"`, or always).
+func SyncingEvery(t testing.TB, path, interval string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(syncInterval.FindAll(raw, -1)); n != 1 {
+		t.Fatalf("%s has %d sync_interval settings, want the one init writes", path, n)
+	}
+	conf := syncInterval.ReplaceAllLiteralString(string(raw), "  sync_interval: "+interval)
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
