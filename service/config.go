@@ -137,8 +137,9 @@ type Config struct {
 	ConnectTimeout time.Duration
 
 	// AllowUnsynced serves on servers that do not sync every write, and runs the embedded one
-	// so (docs/OPERATIONS.md, "Durability").
-	AllowUnsynced bool
+	// so; RecreateStores creates the stores of a space that lost them (docs/OPERATIONS.md).
+	AllowUnsynced  bool
+	RecreateStores bool
 
 	// IdentityStore is where the plane's instance identity lives: instance.StoreFile
 	// (Dir/identity.json) or instance.StoreKV (claimed in the space's secrets bucket under

@@ -35,6 +35,8 @@ var (
 	ErrLocked = instance.ErrLocked
 	// ErrMisconfigured: a bucket or stream exists with a configuration its rule forbids.
 	ErrMisconfigured = store.ErrMisconfigured
+	// ErrLost: a bucket or stream of a space that existed is gone, or the plane's own gate.
+	ErrLost = store.ErrLost
 )
 
 // Info is what a started plane tells whoever started it: where it serves and what it is.
@@ -173,7 +175,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	if cfg.IdentityStore != instance.StoreKV {
-		if p.identity, err = instance.LoadOrCreateIdentity(cfg.Dir, cfg.Space); err != nil {
+		if p.identity, err = instance.LoadIdentity(cfg.Dir, cfg.Space); err != nil {
 			return nil, err
 		}
 	}
@@ -217,6 +219,9 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		ReaderConsumers: cfg.AuditorConsumers,
 		// The embedded server is no cluster: a bucket there can have no follower.
 		DirectReads: cfg.NATSURL == "",
+		// An identity file is written once its gate is: the stores existed.
+		Existed:  cfg.IdentityStore != instance.StoreKV && !p.identity.Fresh,
+		Recreate: cfg.RecreateStores,
 	}, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("stores: %w", err)
@@ -230,8 +235,13 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.info.InstanceID = p.identity.InstanceID
 	p.setPhase("registering instance " + p.identity.InstanceID)
-	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID); err != nil {
+	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID, !p.identity.Fresh && !cfg.RecreateStores); err != nil {
 		return nil, err
+	}
+	if p.identity.Fresh && cfg.IdentityStore != instance.StoreKV {
+		if err := instance.SaveIdentity(cfg.Dir, p.identity); err != nil {
+			return nil, err
+		}
 	}
 	p.info.Epoch = p.gate.Row.ProcessEpoch
 	if err := p.applyAccountPolicy(openCtx); err != nil {

@@ -70,6 +70,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long requests in flight get to finish once no new one is taken (0 to 10m)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "how long the start retries its first connection to NATS (--nats-url), with backoff; /health answers 503 meanwhile (0 to 1h)")
 	fs.BoolVar(&cfg.AllowUnsynced, "allow-unsynced", false, "serve on NATS servers that do not sync every write to disk (an OS crash or power cut there can take back what the plane acknowledged), and run the embedded one so")
+	fs.BoolVar(&cfg.RecreateStores, "recreate-stores", false, "start over: create the space's buckets and streams that are gone (lost with everything they held) instead of refusing to serve")
 	fs.StringVar(&cfg.IdentityStore, "identity-store", cfg.IdentityStore, "where the instance identity lives: file (<dir>/identity.json) or kv (claimed in the space's secrets bucket under --instance-name)")
 	fs.StringVar(&cfg.InstanceName, "instance-name", "", "the name a kv identity is claimed under (required with --identity-store kv; not the host name)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")

@@ -221,7 +221,9 @@ func TestAFileIdentityMigratesIntoTheStoreAndOneThatDisagreesRefusesTheStart(t *
 	}
 
 	other := t.TempDir()
-	if _, err := instance.LoadOrCreateIdentity(other, harness.TestSpace); err != nil {
+	if id, err := instance.LoadIdentity(other, harness.TestSpace); err != nil {
+		t.Fatal(err)
+	} else if err := instance.SaveIdentity(other, id); err != nil {
 		t.Fatal(err)
 	}
 	cfg = harness.PlaneConfig(t)

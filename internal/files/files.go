@@ -50,3 +50,16 @@ func EnsureDir(dir string) error {
 	}
 	return nil
 }
+
+// SyncDir syncs directory dir, so the files renamed or created in it are there after an OS
+// crash or a power cut (WriteAtomic syncs a file's data, not its name).
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	if err := errors.Join(d.Sync(), d.Close()); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -62,7 +62,7 @@ func identityFence(kv fence.KV, space, name string) *fence.Fence[record] {
 }
 
 // Claim returns the identity stored under name in kv (the secrets bucket of space), claiming
-// one with a fresh instance id when there is none. The claim is create-only: of replicas that
+// one with a fresh instance id (Fresh) when there is none. The claim is create-only: of replicas that
 // start at once under one name, the first write wins and the others adopt its record. A
 // record that cannot be read (ErrUnreadable) or does not parse (ErrMalformed) refuses, saying
 // which. An identity file in dir must name the same instance (ErrDisagree); a file with no
@@ -78,6 +78,7 @@ func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity,
 	if err != nil {
 		return Identity{}, err
 	}
+	fresh := false
 	if o.Absent() {
 		if hasFile {
 			return Identity{}, fmt.Errorf("%w: %s holds instance %s but %s has no identity %q: move it there with 'authplane identity migrate'",
@@ -86,11 +87,14 @@ func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity,
 		if o, err = put(ctx, f, kv, o, record{Ver: 1, Space: space, Name: name, InstanceID: ids.UID()}); err != nil {
 			return Identity{}, err
 		}
+		// This claim, or one racing it under the same name, made the record just now: it has
+		// registered nowhere yet (or is registering at this moment).
+		fresh = true
 	}
 	if hasFile && file.InstanceID != o.Row.InstanceID {
 		return Identity{}, disagree(dir, file, kv, name, o.Row)
 	}
-	return Identity{Ver: 1, Space: space, InstanceID: o.Row.InstanceID}, nil
+	return Identity{Ver: 1, Space: space, InstanceID: o.Row.InstanceID, Fresh: fresh}, nil
 }
 
 // Migrate moves the identity file of dir into kv (the secrets bucket of space) under name,

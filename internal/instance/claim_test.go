@@ -33,9 +33,18 @@ func TestClaimCreatesOnceAndEveryLaterOrConcurrentClaimAdoptsTheRecord(t *testin
 	if kv.Revision() != 1 {
 		t.Errorf("got %d writes to the bucket, want the one record", kv.Revision())
 	}
+	fresh := 0
+	for _, id := range got {
+		if id.Fresh {
+			fresh++
+		}
+	}
+	if fresh == 0 {
+		t.Errorf("no claim says it made the record (Fresh), want at least the one that wrote it")
+	}
 	again, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1")
-	if err != nil || again.InstanceID != got[0].InstanceID {
-		t.Errorf("a later claim: got %+v %v, want instance %s", again, err, got[0].InstanceID)
+	if err != nil || again.InstanceID != got[0].InstanceID || again.Fresh {
+		t.Errorf("a later claim: got %+v %v, want instance %s, not fresh (it registered before)", again, err, got[0].InstanceID)
 	}
 	other, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane2")
 	if err != nil || other.InstanceID == got[0].InstanceID {
@@ -100,10 +109,7 @@ func TestClaimRefusesARecordItCannotReadOrParseSayingWhich(t *testing.T) {
 
 func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 	dir := t.TempDir()
-	file, err := LoadOrCreateIdentity(dir, "default")
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := identityFile(t, dir)
 
 	t.Run("the store has no record: migrate first", func(t *testing.T) {
 		kv := storetest.New()
@@ -141,10 +147,7 @@ func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 func TestMigrateMovesTheFileIntoTheStoreThenRemovesIt(t *testing.T) {
 	kv := storetest.New()
 	dir := t.TempDir()
-	file, err := LoadOrCreateIdentity(dir, "default")
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := identityFile(t, dir)
 	// A migration whose removal did not happen is completed by a repeat.
 	keep := copyDir(t, dir)
 	for _, d := range []string{keep, dir} {
@@ -165,9 +168,7 @@ func TestMigrateMovesTheFileIntoTheStoreThenRemovesIt(t *testing.T) {
 	}
 
 	other := t.TempDir()
-	if _, err := LoadOrCreateIdentity(other, "default"); err != nil {
-		t.Fatal(err)
-	}
+	identityFile(t, other)
 	if _, err := Migrate(ctx(t), kv, other, "default", "plane1"); !errors.Is(err, ErrDisagree) {
 		t.Fatalf("migrate onto another instance's record: got %v, want ErrDisagree", err)
 	}
@@ -188,4 +189,19 @@ func copyDir(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return to
+}
+
+// identityFile writes a fresh identity file into dir, as a plane's first start does once it has
+// registered, and returns it.
+func identityFile(t *testing.T, dir string) Identity {
+	t.Helper()
+	id, err := LoadIdentity(dir, "default")
+	if err != nil || !id.Fresh {
+		t.Fatalf("a directory without an identity: got %+v %v, want a fresh one", id, err)
+	}
+	if err := SaveIdentity(dir, id); err != nil {
+		t.Fatal(err)
+	}
+	id.Fresh = false
+	return id
 }

@@ -15,7 +15,7 @@ import (
 )
 
 // FuzzIdentity checks the decoders of the state directory's files on any bytes: the instance
-// identity (LoadOrCreateIdentity) and the service info (ReadServiceInfo). An identity that does
+// identity (LoadIdentity) and the service info (ReadServiceInfo). An identity that does
 // not parse is an error, the zero identity, and a file left as it was (never replaced by a
 // fresh identity); one that parses is version 1, of this space, with an instance id on its
 // grammar, and written again it reads back the same. Service info that does not parse is an
@@ -39,7 +39,7 @@ func FuzzIdentity(f *testing.F) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		id, err := LoadOrCreateIdentity(dir, "default")
+		id, err := LoadIdentity(dir, "default")
 		if after, rerr := os.ReadFile(path); rerr != nil || !bytes.Equal(after, data) {
 			t.Fatalf("loading the identity rewrote its file (%v)", rerr)
 		}
@@ -58,7 +58,7 @@ func FuzzIdentity(f *testing.F) {
 			if err := os.WriteFile(path, written, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if back, err := LoadOrCreateIdentity(dir, "default"); err != nil || back != id {
+			if back, err := LoadIdentity(dir, "default"); err != nil || back != id {
 				t.Fatalf("the identity %+v, written again, reads back as %+v, %v", id, back, err)
 			}
 		}

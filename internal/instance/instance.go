@@ -97,23 +97,37 @@ type Identity struct {
 	Ver        int    `json:"ver"`
 	Space      string `json:"space"`
 	InstanceID string `json:"instanceId"`
+	// Fresh says no start registered this identity before: it was made by this start (a file
+	// not yet written, or a claim this start wrote). One that is not fresh registered its gate
+	// before, so a gate absent then was lost (Register).
+	Fresh bool `json:"-"`
 }
 
 // IdentityFile is the identity's file name inside the state directory.
 const IdentityFile = "identity.json"
 
-// LoadOrCreateIdentity reads the identity in dir, or creates one with a fresh instance id.
-func LoadOrCreateIdentity(dir, space string) (Identity, error) {
+// LoadIdentity reads the identity in dir, or makes a fresh one with a new instance id when dir
+// has none. It writes nothing: SaveIdentity writes a fresh identity once it has registered, so
+// an identity file always names an instance whose gate the store acknowledged.
+func LoadIdentity(dir, space string) (Identity, error) {
 	id, err := ReadIdentity(dir, space)
-	if !errors.Is(err, os.ErrNotExist) {
-		return id, err
+	if errors.Is(err, os.ErrNotExist) {
+		return Identity{Ver: 1, Space: space, InstanceID: ids.UID(), Fresh: true}, nil
 	}
-	id = Identity{Ver: 1, Space: space, InstanceID: ids.UID()}
+	return id, err
+}
+
+// SaveIdentity writes id into dir (0600, atomically), and syncs dir so the file is there after
+// an OS crash or a power cut, as the gate it stands for is.
+func SaveIdentity(dir string, id Identity) error {
 	data, err := json.Marshal(id)
 	if err != nil {
-		return Identity{}, err
+		return err
 	}
-	return id, files.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), files.Private)
+	if err := files.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), files.Private); err != nil {
+		return err
+	}
+	return files.SyncDir(dir)
 }
 
 // ReadIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
@@ -137,11 +151,21 @@ func ReadIdentity(dir, space string) (Identity, error) {
 // Principal is the principal recorded on the plane's own gate.
 func Principal(iid string) string { return "plane.auth_" + iid }
 
+// ErrLost means a store of a space that existed lost what the plane had written there: a
+// stream or bucket gone (store.Open), or the plane's own gate absent although it registered
+// before (Register).
+var ErrLost = store.ErrLost
+
 // Register registers the plane's instance on its gate `epgate.auth.<iid>`: epoch 0 on the
-// first registration, one more on every later one. It returns the registered gate.
-func Register(ctx context.Context, kv fence.KV, iid string) (*gate.Gate, error) {
+// first registration, one more on every later one. It returns the registered gate. When
+// registered says this identity registered before, an absent gate was lost with the bucket
+// that held it: ErrLost, and nothing is written.
+func Register(ctx context.Context, kv fence.KV, iid string, registered bool) (*gate.Gate, error) {
 	g, err := gate.Of(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
 		switch {
+		case cur.Absent() && registered:
+			return gate.Row{}, fmt.Errorf("%w: the plane's gate %s in %s is absent, although instance %s registered there before "+
+				"(the bucket was emptied or re-created); restore it, or start over with --recreate-stores", ErrLost, cur.Key(), where(kv), iid)
 		case cur.Absent():
 			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid)}, nil
 		case cur.Row.State != gate.Open:

@@ -3,6 +3,7 @@ package instance
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func ctx(t *testing.T) context.Context {
 func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
 	kv, iid := storetest.New(), ids.UID()
 	for want := uint64(0); want < 3; want++ {
-		g, err := Register(ctx(t), kv, iid)
+		g, err := Register(ctx(t), kv, iid, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,10 +35,27 @@ func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
 	}
 }
 
+func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
+	kv, iid := storetest.New(), ids.UID()
+	if _, err := Register(ctx(t), kv, iid, true); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), "epgate.auth."+iid) {
+		t.Fatalf("an identity that registered before, its gate absent: got %v, want ErrLost naming the gate", err)
+	}
+	if kv.Revision() != 0 {
+		t.Fatalf("the refused registration wrote %d times, want none", kv.Revision())
+	}
+	g, err := Register(ctx(t), kv, iid, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Register(ctx(t), kv, iid, true); err != nil || again.Row.ProcessEpoch != g.Row.ProcessEpoch+1 {
+		t.Fatalf("a registered identity, its gate present: got %+v %v, want the next epoch", again, err)
+	}
+}
+
 func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
 	kv, iid := storetest.New(), ids.UID()
 	kv.Fault = storetest.FailOnce(true)
-	g, err := Register(ctx(t), kv, iid)
+	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil || g.Row.ProcessEpoch != 0 || kv.Revision() != 1 {
 		t.Fatalf("got %+v %v after %d writes, want one registration at epoch 0", g, err, kv.Revision())
 	}
@@ -46,14 +64,14 @@ func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
 	if _, err := g.Write(ctx(t), retired); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Register(ctx(t), kv, iid); err == nil {
+	if _, err := Register(ctx(t), kv, iid, false); err == nil {
 		t.Fatal("got a registration on a retired gate, want a refusal")
 	}
 }
 
 func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 	kv, iid := storetest.New(), ids.UID()
-	g, err := Register(ctx(t), kv, iid)
+	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +81,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 	if _, err := g.Commit(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Register(ctx(t), kv, iid); err != nil {
+	if _, err := Register(ctx(t), kv, iid, false); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -78,7 +96,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 
 func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 	kv, iid := storetest.New(), ids.UID()
-	g, err := Register(ctx(t), kv, iid)
+	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +108,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 	}
 
 	kv2 := storetest.New()
-	g2, err := Register(ctx(t), kv2, iid)
+	g2, err := Register(ctx(t), kv2, iid, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +122,11 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 
 func TestAnEpochThatMovedBeforeTheWatchFencesAtOnce(t *testing.T) {
 	kv, iid := storetest.New(), ids.UID()
-	g, err := Register(ctx(t), kv, iid)
+	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Register(ctx(t), kv, iid); err != nil {
+	if _, err := Register(ctx(t), kv, iid, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := Watch(ctx(t), kv, g, nil); !errors.Is(err, ErrFenced) {
@@ -152,14 +170,14 @@ func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
 	kv := &flakyWatcher{KV: storetest.New()}
 	kv.fail.Store(3)
 	iid := ids.UID()
-	g, err := Register(ctx(t), kv, iid)
+	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rewatch := make(chan struct{}, 1)
 	done := make(chan error, 1)
 	go func() { done <- Watch(ctx(t), kv, g, rewatch) }()
-	if _, err := Register(ctx(t), kv, iid); err != nil {
+	if _, err := Register(ctx(t), kv, iid, false); err != nil {
 		t.Fatal(err)
 	}
 	rewatch <- struct{}{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,6 +69,50 @@ func ensureOne(ctx context.Context, js jetstream.JetStream, spec Spec, log *slog
 		}
 	}
 	return tune(ctx, js, spec, got, log)
+}
+
+// ErrLost means the stores of a space that existed lost what the plane wrote there: a stream
+// or bucket is gone, or the plane's own gate is (instance.Register). The plane refuses to serve
+// on them and re-creates nothing.
+var ErrLost = errors.New("the space's stores lost state")
+
+// refuseLost reads every stream of specs: when some are gone although the space's stores
+// existed (existed, or the stream marker, which a first start creates last, is there), it is
+// ErrLost naming each; every stream that exists with a configuration its rule forbids is
+// ErrMisconfigured.
+func refuseLost(ctx context.Context, js jetstream.JetStream, specs []Spec, marker string, existed bool, log *slog.Logger) error {
+	var gone []string
+	var problems []error
+	why := "the plane's identity file says it registered there"
+	for _, spec := range specs {
+		name := spec.Config.Name
+		var got jetstream.StreamConfig
+		err := retry(ctx, log, func(ctx context.Context) error {
+			s, err := js.Stream(ctx, name)
+			if err == nil {
+				got = s.CachedInfo().Config
+			}
+			return err
+		})
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			gone = append(gone, name)
+		case err != nil:
+			return fmt.Errorf("read stream %s: %w", name, err)
+		default:
+			if name == marker && !existed {
+				existed, why = true, name+", which a first start creates last, exists"
+			}
+			if err := refuse(spec, got); err != nil {
+				problems = append(problems, err)
+			}
+		}
+	}
+	if len(gone) > 0 && existed {
+		problems = append(problems, fmt.Errorf("%w: %s gone, although %s; every fence, grant, claim and record they held is lost, "+
+			"and the plane re-creates none of them empty: restore them, or start over with --recreate-stores", ErrLost, strings.Join(gone, ", "), why))
+	}
+	return errors.Join(problems...)
 }
 
 // check refuses a stream whose configuration got breaks spec's rule, and gives a tunable one

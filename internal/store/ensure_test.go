@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -84,5 +85,72 @@ func TestEnsureRetriesACreationWhileAPeerIsNotYetOnline(t *testing.T) {
 		if err == nil || Transient(err) != tt.transient {
 			t.Errorf("a creation refused %q: got %v (transient %v), want transient %v", tt.description, err, Transient(err), tt.transient)
 		}
+	}
+}
+
+// storesJS is a JetStream holding the streams named in it, each with its configuration.
+type storesJS struct {
+	jetstream.JetStream
+	streams map[string]jetstream.StreamConfig
+}
+
+func (s storesJS) Stream(_ context.Context, name string) (jetstream.Stream, error) {
+	c, ok := s.streams[name]
+	if !ok {
+		return nil, jetstream.ErrStreamNotFound
+	}
+	return existing{info: &jetstream.StreamInfo{Config: c}}, nil
+}
+
+// A stream that is gone is refused (ErrLost, naming each) once the stores existed: the caller
+// says so, or the fence bucket, which a first start makes last, is there. Before that a gone
+// stream is a first start's to make, half-way or not. A misconfigured stream is refused beside.
+func TestAStreamGoneFromStoresThatExistedIsRefusedNamingIt(t *testing.T) {
+	specs := Specs("default", Options{})
+	marker, ledger, minted := "KV_cotal_auth_default", "KV_cotal_actors_default", "cotal_minted_default"
+	every := map[string]jetstream.StreamConfig{}
+	for _, s := range specs {
+		every[s.Config.Name] = s.Config
+	}
+	without := func(names ...string) map[string]jetstream.StreamConfig {
+		m := map[string]jetstream.StreamConfig{}
+		for k, v := range every {
+			m[k] = v
+		}
+		for _, n := range names {
+			delete(m, n)
+		}
+		return m
+	}
+	misconfigured := without(ledger)
+	c := misconfigured[marker]
+	c.DenyPurge = false
+	misconfigured[marker] = c
+	tests := []struct {
+		name          string
+		streams       map[string]jetstream.StreamConfig
+		existed       bool
+		gone          []string
+		misconfigured bool
+	}{
+		{"a first start: nothing there", nil, false, nil, false},
+		{"a first start cut short: all but the fence bucket", without(marker), false, nil, false},
+		{"every stream there", every, true, nil, false},
+		{"the identity says they existed, and all are gone", nil, true, []string{marker, ledger, minted}, false},
+		{"the fence bucket says they existed", without(ledger, minted), false, []string{ledger, minted}, false},
+		{"the fence bucket misconfigured, the ledger gone", misconfigured, false, []string{ledger}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := refuseLost(context.Background(), storesJS{streams: tt.streams}, specs, marker, tt.existed, slog.New(slog.DiscardHandler))
+			if errors.Is(err, ErrLost) != (len(tt.gone) > 0) || errors.Is(err, ErrMisconfigured) != tt.misconfigured {
+				t.Fatalf("got %v, want lost %v, misconfigured %v", err, tt.gone, tt.misconfigured)
+			}
+			for _, name := range tt.gone {
+				if !strings.Contains(err.Error(), name+",") && !strings.Contains(err.Error(), name+" gone") {
+					t.Errorf("got %q, want it to name %s", err, name)
+				}
+			}
+		})
 	}
 }

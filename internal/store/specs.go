@@ -26,6 +26,12 @@ type Options struct {
 	// DirectReads lets the buckets allow direct gets when they have one replica: for a server
 	// of the plane's own that is no cluster (see directReads).
 	DirectReads bool
+	// Existed says the space's stores existed before this start (the plane's identity file
+	// says it registered there): Open then refuses, naming each, a stream or bucket that is
+	// gone (ErrLost), rather than create it empty. Without it, the fence bucket says so (Open).
+	Existed bool
+	// Recreate creates what is gone anyway: the operator starts over (`--recreate-stores`).
+	Recreate bool
 }
 
 // Defaults for Options.

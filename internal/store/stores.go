@@ -46,13 +46,27 @@ type Stores struct {
 }
 
 // Open ensures every stream of the space (Ensure) and every owner's witness stream that
-// exists, and opens the buckets.
+// exists, and opens the buckets. Only a first start creates streams: once the space's stores
+// existed (o.Existed, or its fence bucket exists, which a first start creates last), a stream
+// or bucket that is gone was lost, and Open refuses (ErrLost) naming each, unless o.Recreate.
 func Open(ctx context.Context, nc *nats.Conn, space string, o Options, log *slog.Logger) (*Stores, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	if err := Ensure(ctx, js, Specs(space, o), log); err != nil {
+	// The fence bucket is created last, once every other stream exists: a first start that
+	// stopped half-way leaves it absent, and is completed by the next start.
+	specs := Specs(space, o)
+	marker := slices.IndexFunc(specs, func(s Spec) bool { return s.Bucket == subjects.AuthBucket(space) })
+	if !o.Recreate {
+		if err := refuseLost(ctx, js, specs, specs[marker].Config.Name, o.Existed, log); err != nil {
+			return nil, err
+		}
+	}
+	if err := Ensure(ctx, js, slices.Delete(slices.Clone(specs), marker, marker+1), log); err != nil {
+		return nil, err
+	}
+	if err := Ensure(ctx, js, specs[marker:marker+1], log); err != nil {
 		return nil, err
 	}
 	s := &Stores{Space: space, js: js, opts: o.withDefaults(), log: log}
