@@ -47,6 +47,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Space, "space", cfg.Space, "space name")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every bucket and stream (1, 3 or 5; 3 on a cluster: --cluster 3 sets it)")
 	cluster := fs.Int("cluster", 0, "start a cluster of this many nats-servers in --dir (fresh space material, JetStream, routes on 127.0.0.1) and serve it as --nats-url would (0 to 5; 0 = an embedded server)")
+	fs.BoolVar(&cfg.AllowUnsynced, "allow-unsynced", false, "run the broker (the embedded one, or --cluster's) without syncing every write to disk, as serve --allow-unsynced does, to measure what syncing costs")
 	dir := fs.String("dir", "", "the bench plane's state directory (default: a temporary one, removed afterwards)")
 	asJSON := fs.Bool("json", false, "print one JSON object as the last line of stdout instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file: of the first operation's measured phase, or without ops of the largest storm through the callout")
@@ -129,7 +130,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case *cluster > 0:
 		fmt.Fprintf(stderr, "bench: starting a cluster of %d nats-servers in %s\n", *cluster, cfg.Dir)
-		c, err := bench.StartCluster(filepath.Join(cfg.Dir, "cluster"), cfg.Space, *cluster)
+		c, err := bench.StartCluster(filepath.Join(cfg.Dir, "cluster"), cfg.Space, *cluster, cfg.AllowUnsynced)
 		if err != nil {
 			return err
 		}
@@ -139,7 +140,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	case cfg.NATSURL != "":
 		b.Broker = "--nats-url"
 	}
-	b.Replicas = cfg.Replicas
+	b.Replicas, b.Synced = cfg.Replicas, !cfg.AllowUnsynced
 	fmt.Fprintf(stderr, "bench: starting a plane (%d workers, replicas %d) in %s\n", cfg.Workers, cfg.Replicas, cfg.Dir)
 	plane, err := service.Start(ctx, cfg)
 	if err != nil {
@@ -216,8 +217,12 @@ func measure(ctx context.Context, plane *service.Plane, maxConnections int64, b 
 
 // printReport prints r as a table with the ceilings and ratios.
 func printReport(w io.Writer, r *bench.Report) {
-	fmt.Fprintf(w, "authplane bench: %s broker (replicas %d), %d workers, %d CPUs, %s\n",
-		r.Broker, r.Replicas, r.Workers, r.CPUs, r.GoVersion)
+	synced := "syncing every write"
+	if !r.Synced {
+		synced = "not syncing every write (--allow-unsynced)"
+	}
+	fmt.Fprintf(w, "authplane bench: %s broker (replicas %d) %s, %d workers, %d CPUs, %s\n",
+		r.Broker, r.Replicas, synced, r.Workers, r.CPUs, r.GoVersion)
 	if len(r.Operations) > 0 {
 		printOps(w, r)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
 		"each requester its own instance": nil,
 		"one instance shared":             {"--one-instance", "--ops", "renew"},
 		"against --nats-url":              {"--nats-url", s.URL(), "--space-dir", s.SpaceDir, "--space", "bench", "--ops", "renew"},
+		"unsynced":                        {"--allow-unsynced", "--ops", "renew"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // with each other, before the rest of the package
@@ -40,6 +42,9 @@ func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
 				if v, ok := report[key].(float64); !ok || v <= 0 {
 					t.Errorf("%s: got %v, want a figure above 0", key, report[key])
 				}
+			}
+			if synced := !slices.Contains(extra, "--allow-unsynced"); report["synced"] != synced {
+				t.Errorf("synced: got %v, want %v", report["synced"], synced)
 			}
 			ops, _ := report["operations"].([]any)
 			want := 3

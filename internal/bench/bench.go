@@ -67,6 +67,9 @@ type Config struct {
 	// "--nats-url"; Replicas is its buckets' and streams' replicas.
 	Broker   string
 	Replicas int
+	// Synced says the broker syncs every write to disk before it acknowledges it; false with
+	// --allow-unsynced.
+	Synced bool
 	// Progress receives a line per phase; nil discards them.
 	Progress io.Writer
 	// CPUProfile, when set, receives a CPU profile of the first operation's measured phase.
@@ -175,6 +178,7 @@ type Report struct {
 	Workers     int    `json:"workers"`
 	Broker      string `json:"broker"`
 	Replicas    int    `json:"replicas"`
+	Synced      bool   `json:"synced"`
 	CPUs        int    `json:"cpus"`
 	GoVersion   string `json:"go"`
 	// DurationS is each measured phase's length, in seconds.
@@ -207,7 +211,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 		progress = io.Discard
 	}
 	r := &Report{Requesters: cfg.Requesters, OneInstance: cfg.OneInstance, Workers: cfg.Workers,
-		Broker: cfg.Broker, Replicas: cfg.Replicas, CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
+		Broker: cfg.Broker, Replicas: cfg.Replicas, Synced: cfg.Synced, CPUs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(), DurationS: cfg.Duration.Seconds()}
 	if cfg.runs(PhaseOps) {
 		if err := runOps(ctx, t, cfg, r, progress); err != nil {
 			return nil, err

@@ -30,9 +30,9 @@ const clusterFormTimeout = 60 * time.Second
 
 // StartCluster writes space material for spaceName under dir and starts n servers from it,
 // each with its store under dir, and waits until every server routes to every other and
-// JetStream has a meta leader (replicated streams cannot be created before). On an error it
-// shuts down what it started.
-func StartCluster(dir, spaceName string, n int) (_ *Cluster, err error) {
+// JetStream has a meta leader (replicated streams cannot be created before). Each syncs every
+// write, as `init` configures it, unless unsynced. On an error it shuts down what it started.
+func StartCluster(dir, spaceName string, n int, unsynced bool) (_ *Cluster, err error) {
 	if n < 1 {
 		return nil, fmt.Errorf("a cluster of %d servers: want 1 or more", n)
 	}
@@ -70,6 +70,7 @@ func StartCluster(dir, spaceName string, n int) (_ *Cluster, err error) {
 			return nil, fmt.Errorf("nats-server refuses %s: %w", path, err)
 		}
 		opts.NoLog, opts.NoSigs = true, true
+		opts.SyncAlways = opts.SyncAlways && !unsynced
 		s, err := server.NewServer(opts)
 		if err != nil {
 			return nil, fmt.Errorf("server %s: %w", name, err)
