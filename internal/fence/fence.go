@@ -158,7 +158,16 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 	if _, err := f.parse(data); err != nil {
 		return nil, fmt.Errorf("%w: %s: refusing to write a row that does not parse: %w", ErrMalformed, f.key, err)
 	}
-	return o.put(ctx, data)
+	g, grouped := f.kv.(*Grouped)
+	if !grouped {
+		return o.put(ctx, data)
+	}
+	var landed *Observed[T]
+	werr := g.exclusive(ctx, f.key, func() { landed, err = o.put(ctx, data) })
+	if werr != nil {
+		return nil, fmt.Errorf("write %s: withdrawn before it was sent: %w", f.key, werr)
+	}
+	return landed, err
 }
 
 // RetryCounter is what a KV may also be to be told of every write a fence retries on it (a

@@ -25,6 +25,12 @@ import (
 // its CAS is sent: nothing commits after a fence that forbids it, and no nkey commits before it
 // is on record. Commits that arrive while a CAS is in flight form the next group, which needs
 // no read: the CAS that just landed says the row's revision.
+//
+// A fence write (Observed.Write: a registration, a freeze) on a key goes through the same queue,
+// ahead of every waiting commit, and alone: commits that landed one group after another would
+// otherwise move the row's revision under it at every attempt, and a re-registration racing a
+// steady stream of renewals lost its CAS until its deadline. Once it lands, the commits that
+// waited find other bytes and are refused, as the fence says.
 type Grouped struct {
 	KV
 	mu     sync.Mutex
@@ -53,6 +59,8 @@ type queue struct {
 // waiter is one commit: the observation it commits, when its request ends, how to commit
 // (any member's way serves the group: they commit the same bytes), and where the outcome goes.
 type waiter struct {
+	// write, when set, is a fence write that runs alone (exclusive); the rest is a commit's.
+	write    func()
 	raw      []byte
 	rev      uint64
 	deadline time.Time
@@ -119,6 +127,42 @@ func (g *Grouped) landed(key string, q *queue, raw []byte, n uint64, err error) 
 	go g.drain(key, q)
 }
 
+// exclusive runs write, a fence write on key, alone among the key's commits and writes, ahead of
+// every commit waiting there. It returns ctx's error, having run nothing, when ctx ends first.
+func (g *Grouped) exclusive(ctx context.Context, key string, write func()) error {
+	g.mu.Lock()
+	q := g.queues[key]
+	if q == nil {
+		q = &queue{}
+		g.queues[key] = q
+		g.mu.Unlock()
+		write()
+		g.landed(key, q, nil, 0, nil)
+		return nil
+	}
+	w := &waiter{write: write, done: make(chan outcome, 1)}
+	at := 0
+	for at < len(q.waiting) && q.waiting[at].write != nil {
+		at++ // writes keep their order among themselves
+	}
+	q.waiting = slices.Insert(q.waiting, at, w)
+	g.mu.Unlock()
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if i := slices.Index(q.waiting, w); i >= 0 {
+		q.waiting = slices.Delete(q.waiting, i, i+1)
+		g.mu.Unlock()
+		return ctx.Err()
+	}
+	g.mu.Unlock()
+	<-w.done // it is running: write ends with ctx
+	return nil
+}
+
 // drain commits key's waiting commits, one group after another, until none waits; then it
 // forgets the key. Each group is every waiting commit of the first one's bytes; its CAS runs
 // until the latest deadline among them.
@@ -130,10 +174,18 @@ func (g *Grouped) drain(key string, q *queue) {
 			g.mu.Unlock()
 			return
 		}
+		if first := q.waiting[0]; first.write != nil {
+			q.waiting = q.waiting[1:]
+			q.lastRaw, q.lastRev = nil, 0 // the row's bytes change
+			g.mu.Unlock()
+			first.write()
+			first.done <- outcome{}
+			continue
+		}
 		raw := q.waiting[0].raw
 		var group, rest []*waiter
 		for _, w := range q.waiting {
-			if bytes.Equal(w.raw, raw) {
+			if w.write == nil && bytes.Equal(w.raw, raw) {
 				group = append(group, w)
 			} else {
 				rest = append(rest, w)

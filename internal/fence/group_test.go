@@ -211,3 +211,47 @@ func TestNoGroupedCommitLandsAfterAFenceWriteItRaced(t *testing.T) {
 	}
 	t.Logf("200 rounds: %d commits landed before the fence write, %d refused", landed, refused)
 }
+
+// A fence write lands while renewals commit one group after another on its row, as a
+// re-registration must while its instance's managers renew: it waits for the group in flight
+// and goes before the commits waiting, rather than losing its CAS to each new group until its
+// deadline. Every write here takes a millisecond, as a synced one does.
+func TestAFenceWriteLandsThroughASteadyStreamOfCommits(t *testing.T) {
+	kv, _, f, _ := grouped(t, fresh("open", 0))
+	kv.Fault = func(string) (error, bool) {
+		time.Sleep(time.Millisecond) // the disk's synced write, not a wait for an event
+		return nil, true
+	}
+	var commits atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o, err := f.Observe(ctx(t))
+				if err != nil || o.Row.Epoch != 0 {
+					return // the write landed: the old registration renews nothing more
+				}
+				if _, err := o.Commit(ctx(t)); err == nil {
+					commits.Add(1)
+				}
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	waitFor(t, "commits flowing", func() bool { return commits.Load() >= 50 })
+	for round := range 20 {
+		o, err := f.Observe(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := o.Write(ctx(t), fresh("open", 0)); err != nil {
+			t.Fatalf("write %d, %d commits landed so far: %v", round, commits.Load(), err)
+		}
+	}
+}
