@@ -238,8 +238,13 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	if p.gate, err = instance.Register(openCtx, p.stores.Auth, p.identity.InstanceID, !p.identity.Fresh && !cfg.RecreateStores); err != nil {
 		return nil, err
 	}
-	if p.identity.Fresh && cfg.IdentityStore != instance.StoreKV {
-		if err := instance.SaveIdentity(cfg.Dir, p.identity); err != nil {
+	if p.identity.Fresh {
+		if cfg.IdentityStore == instance.StoreKV {
+			err = instance.MarkRegistered(openCtx, p.stores.Secrets, p.identity, cfg.InstanceName)
+		} else {
+			err = instance.SaveIdentity(cfg.Dir, p.identity)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -100,3 +100,7 @@ func RunStatusKey(runID string) string { return "run.manager." + runID + ".statu
 
 // IdentityKey is the key of a claimed instance identity in SecretsBucket.
 func IdentityKey(name string) string { return "identity." + name }
+
+// RegisteredKey is the key, in SecretsBucket, of the mark that the instance claimed under name
+// registered its gate.
+func RegisteredKey(name string) string { return "registered." + name }

@@ -36,7 +36,10 @@ var (
 )
 
 // record is a claimed identity as stored at `identity.<name>` in the secrets bucket: the
-// instance id, and the space and name it was claimed for. Never a seed.
+// instance id, and the space and name it was claimed for. Never a seed. The same record, at
+// `registered.<name>`, marks that a start registered the instance's gate (MarkRegistered): the
+// bucket is write-once, so the mark is a key of its own. Until it is there a replica that finds
+// the identity may be racing its claimer to the gate, and an absent gate is not a loss.
 type record struct {
 	Ver        int    `json:"ver"`
 	Space      string `json:"space"`
@@ -49,7 +52,11 @@ type record struct {
 const maxRecord = 1 << 10
 
 func identityFence(kv fence.KV, space, name string) *fence.Fence[record] {
-	return fence.New(kv, subjects.IdentityKey(name), func(data []byte) (record, error) {
+	return recordFence(kv, subjects.IdentityKey(name), space, name)
+}
+
+func recordFence(kv fence.KV, key, space, name string) *fence.Fence[record] {
+	return fence.New(kv, key, func(data []byte) (record, error) {
 		var r record
 		if err := rows.Decode(data, &r, maxRecord); err != nil {
 			return record{}, err
@@ -78,7 +85,6 @@ func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity,
 	if err != nil {
 		return Identity{}, err
 	}
-	fresh := false
 	if o.Absent() {
 		if hasFile {
 			return Identity{}, fmt.Errorf("%w: %s holds instance %s but %s has no identity %q: move it there with 'authplane identity migrate'",
@@ -87,14 +93,38 @@ func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity,
 		if o, err = put(ctx, f, kv, o, record{Ver: 1, Space: space, Name: name, InstanceID: ids.UID()}); err != nil {
 			return Identity{}, err
 		}
-		// This claim, or one racing it under the same name, made the record just now: it has
-		// registered nowhere yet (or is registering at this moment).
-		fresh = true
 	}
 	if hasFile && file.InstanceID != o.Row.InstanceID {
 		return Identity{}, disagree(dir, file, kv, name, o.Row)
 	}
-	return Identity{Ver: 1, Space: space, InstanceID: o.Row.InstanceID, Fresh: fresh}, nil
+	// A record no start has marked registered was made by this claim, or by one racing it under
+	// the same name that may be registering at this moment: its gate may not exist yet.
+	mark, err := observe(ctx, recordFence(kv, subjects.RegisteredKey(name), space, name), kv)
+	if err != nil {
+		return Identity{}, err
+	}
+	registered := !mark.Absent() && mark.Row.InstanceID == o.Row.InstanceID
+	return Identity{Ver: 1, Space: space, InstanceID: o.Row.InstanceID, Fresh: !registered}, nil
+}
+
+// MarkRegistered writes, create-only, the mark that id (claimed under name in kv) registered its
+// gate, so a later start that finds the gate absent knows it was lost (Register). A mark already
+// there for id is kept; one for another instance is ErrDisagree. A crash before the mark
+// leaves the record fresh: that start's successor registers again, at epoch 0 if the gate is
+// gone, which is what a record claimed a moment ago would do.
+func MarkRegistered(ctx context.Context, kv fence.KV, id Identity, name string) error {
+	f := recordFence(kv, subjects.RegisteredKey(name), id.Space, name)
+	o, err := observe(ctx, f, kv)
+	if err == nil && o.Absent() {
+		o, err = put(ctx, f, kv, o, record{Ver: 1, Space: id.Space, Name: name, InstanceID: id.InstanceID})
+	}
+	if err != nil {
+		return fmt.Errorf("mark identity %q registered: %w", name, err)
+	}
+	if o.Row.InstanceID != id.InstanceID {
+		return fmt.Errorf("%w: %s in %s marks instance %s registered, not %s", ErrDisagree, f.Key(), where(kv), o.Row.InstanceID, id.InstanceID)
+	}
+	return nil
 }
 
 // Migrate moves the identity file of dir into kv (the secrets bucket of space) under name,
@@ -119,6 +149,10 @@ func Migrate(ctx context.Context, kv fence.KV, dir, space, name string) (Identit
 	}
 	if o.Row.InstanceID != file.InstanceID {
 		return Identity{}, disagree(dir, file, kv, name, o.Row)
+	}
+	// The file is written only once its gate is: the instance registered.
+	if err := MarkRegistered(ctx, kv, file, name); err != nil {
+		return Identity{}, err
 	}
 	if err := os.Remove(filepath.Join(dir, IdentityFile)); err != nil {
 		return Identity{}, fmt.Errorf("stored identity %q, but could not remove the file: %w", name, err)

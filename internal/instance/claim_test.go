@@ -33,18 +33,23 @@ func TestClaimCreatesOnceAndEveryLaterOrConcurrentClaimAdoptsTheRecord(t *testin
 	if kv.Revision() != 1 {
 		t.Errorf("got %d writes to the bucket, want the one record", kv.Revision())
 	}
-	fresh := 0
-	for _, id := range got {
-		if id.Fresh {
-			fresh++
+	for i, id := range got {
+		if !id.Fresh {
+			t.Errorf("claim %d: not fresh, want every claim fresh: none has registered the gate, and a replica racing the claimer may find it absent", i)
 		}
 	}
-	if fresh == 0 {
-		t.Errorf("no claim says it made the record (Fresh), want at least the one that wrote it")
+	if again, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1"); err != nil || !again.Fresh {
+		t.Errorf("a later claim before any registration: got %+v %v, want fresh", again, err)
+	}
+	if err := MarkRegistered(ctx(t), kv, got[0], "plane1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := MarkRegistered(ctx(t), kv, got[1], "plane1"); err != nil || kv.Revision() != 2 {
+		t.Errorf("a second mark: got %v and %d writes, want nil and no write", err, kv.Revision())
 	}
 	again, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1")
 	if err != nil || again.InstanceID != got[0].InstanceID || again.Fresh {
-		t.Errorf("a later claim: got %+v %v, want instance %s, not fresh (it registered before)", again, err, got[0].InstanceID)
+		t.Errorf("a claim once marked: got %+v %v, want instance %s, not fresh (it registered before)", again, err, got[0].InstanceID)
 	}
 	other, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane2")
 	if err != nil || other.InstanceID == got[0].InstanceID {
