@@ -56,10 +56,17 @@ func (p *Plane) fence(cause error) {
 		p.log.Error("fenced: another process registered this instance at a newer epoch; stopping", "err", cause)
 	}
 	p.fenced.Store(true)
+	// No new request reaches this instance, and Done says so, before the answers under way
+	// finish: each of them is refused `unavailable` at its commit, which may be a while.
+	if s := p.serving.Load(); s != nil && s.served.Service != nil {
+		if err := s.served.Service.Stop(); err != nil {
+			p.log.Warn("stopping the micro services", "err", err)
+		}
+	}
+	p.finish(cause)
 	if err := p.stopServices(); err != nil {
 		p.log.Warn("stopping the micro services", "err", err)
 	}
-	p.finish(cause)
 }
 
 func (p *Plane) finish(err error) {
