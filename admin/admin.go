@@ -184,7 +184,7 @@ func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, erro
 const EndpointCreds = "creds"
 
 // RecordCreds writes the `minted` record of a credential IssueCreds signed, in the minted
-// stream of the plane at natsURL (under no instance: `cotal.<space>.minted._.<nkey>`), and
+// stream of the plane at natsURL (under no instance: `cotal.<space>.minted._.<digest of the key>`), and
 // waits for its ack: `authplane creds` writes no file whose record is not written. The plane
 // must have created its streams (it has run once).
 func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCreds) error {

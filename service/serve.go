@@ -100,7 +100,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		Issued:      p.stores.Issued,
 		Accepted:    p.stores.Accepted,
 		Engine:      engine,
-		Minted:      p.stores,
+		Minted:      recorder,
 		Claims:      claims,
 		Revocations: p.revocations,
 		Audit:       recorder,

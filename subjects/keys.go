@@ -40,7 +40,7 @@ func WitnessStreamPrefix(space string) string { return SharedWitnessStream(space
 // a start removes it (its subjects overlap every owner's).
 func SharedWitnessStream(space string) string { return "cotal_witness_" + space }
 
-// MintedStream holds one `minted` record per issued nkey.
+// MintedStream holds one `minted` record per set of keys minted together (MintedSubject).
 func MintedStream(space string) string { return "cotal_minted_" + space }
 
 // AuditStream holds `refused`, `discarded`, `assigned` and `ended` records.

@@ -1,6 +1,9 @@
 package subjects
 
 import (
+	"crypto/sha256"
+	"encoding/base32"
+	"slices"
 	"strings"
 )
 
@@ -149,13 +152,28 @@ func OwnerRunStarts(space, owner string) []string {
 // instance (a connection the auth callout made); no instance id is "_".
 const NoInstance = "_"
 
-// MintedSubject is the subject of the `minted` record of one nkey of an instance (iid "" for
-// none).
-func MintedSubject(space, iid, nkey string) string {
+// MintedSubject is the subject of the `minted` record of one mint of an instance (iid "" for
+// none) that signed keys: `cotal.<space>.minted.<iid>.<MintedDigest(keys)>`. A mint of the same
+// keys again replaces the record (the stream keeps one message a subject); a mint of any other
+// set has a subject of its own, so no record of a key still live is overwritten by one that
+// does not name it.
+func MintedSubject(space, iid string, keys []string) string {
 	if iid == "" {
 		iid = NoInstance
 	}
-	return "cotal." + space + ".minted." + iid + "." + nkey
+	return "cotal." + space + ".minted." + iid + "." + MintedDigest(keys)
+}
+
+// MintedDigestLen is the length of a MintedDigest.
+const MintedDigestLen = 26
+
+// MintedDigest names a set of keys in one subject token: SHA-256 over the keys, sorted, each
+// once, joined by ",", in lower-case base32, cut to its first MintedDigestLen characters (130
+// bits): `printf %s "$A,$B" | sha256sum | xxd -r -p | base32 | tr A-Z a-z | cut -c1-26`.
+func MintedDigest(keys []string) string {
+	set := slices.Compact(slices.Sorted(slices.Values(keys)))
+	sum := sha256.Sum256([]byte(strings.Join(set, ",")))
+	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:]))[:MintedDigestLen]
 }
 
 // MintedInstanceFilter matches every `minted` record of an instance.

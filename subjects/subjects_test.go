@@ -1,6 +1,8 @@
 package subjects
 
 import (
+	"crypto/sha256"
+	"encoding/base32"
 	"regexp"
 	"slices"
 	"strings"
@@ -277,12 +279,40 @@ func TestKeysAndBucketsNameTheirSpace(t *testing.T) {
 	if !subjectMatches(AuditStreamSubjects("s1"), AuditSubject("s1", "refused", testOwner, "cli")) {
 		t.Errorf("the audit stream does not capture its records")
 	}
-	if !subjectMatches(MintedInstanceFilter("s1", testIID), MintedSubject("s1", testIID, "UKEY")) ||
-		!subjectMatches(MintedStreamSubjects("s1"), MintedSubject("s1", testIID, "UKEY")) {
+	if !subjectMatches(MintedInstanceFilter("s1", testIID), MintedSubject("s1", testIID, []string{"UKEY"})) ||
+		!subjectMatches(MintedStreamSubjects("s1"), MintedSubject("s1", testIID, []string{"UKEY"})) {
 		t.Errorf("the minted stream or instance filter does not capture its records")
 	}
-	if got := MintedSubject("s1", "", "UKEY"); got != "cotal.s1.minted._.UKEY" || !subjectMatches(MintedStreamSubjects("s1"), got) || ValidUID(NoInstance) {
-		t.Errorf("a mint for no instance: got subject %q, want cotal.s1.minted._.UKEY in the stream, under no instance id", got)
+	if got := MintedSubject("s1", "", []string{"UKEY"}); !strings.HasPrefix(got, "cotal.s1.minted._.") || !subjectMatches(MintedStreamSubjects("s1"), got) || ValidUID(NoInstance) {
+		t.Errorf("a mint for no instance: got subject %q, want cotal.s1.minted._.<digest> in the stream, under no instance id", got)
+	}
+}
+
+// TestMintedDigestNamesTheSetOfKeys: a mint's record is filed under its set of keys, whatever
+// their order, and no other set shares it: a renewal of {A,C} must not replace the record of
+// {A,B}, or B would never be revoked. The digest is one subject token of fixed length, and is
+// SHA-256 over the sorted keys joined by "," (docs/PROTOCOL.md, "Records"), so an auditor can
+// compute it.
+func TestMintedDigestNamesTheSetOfKeys(t *testing.T) {
+	a, b, c := "UA"+strings.Repeat("A", 54), "UB"+strings.Repeat("B", 54), "UC"+strings.Repeat("C", 54)
+	ab, ba := MintedDigest([]string{a, b}), MintedDigest([]string{b, a, b})
+	if ab != ba {
+		t.Errorf("the same set in another order, or a key twice, has another digest: %s, %s", ab, ba)
+	}
+	for name, other := range map[string][]string{"{A,C}": {a, c}, "{A}": {a}, "{B}": {b}, "{A,B,C}": {a, b, c}} {
+		if d := MintedDigest(other); d == ab {
+			t.Errorf("%s has the digest of {A,B}: %s", name, d)
+		}
+	}
+	if len(ab) != MintedDigestLen || strings.Trim(ab, "abcdefghijklmnopqrstuvwxyz234567") != "" {
+		t.Errorf("digest %q: want %d characters of lower-case base32", ab, MintedDigestLen)
+	}
+	sum := sha256.Sum256([]byte(a + "," + b))
+	if want := strings.ToLower(base32.StdEncoding.EncodeToString(sum[:]))[:MintedDigestLen]; ab != want {
+		t.Errorf("digest of {A,B}: got %s, want %s, the documented recipe", ab, want)
+	}
+	if got, want := MintedSubject("s1", testIID, []string{b, a}), "cotal.s1.minted."+testIID+"."+ab; got != want {
+		t.Errorf("MintedSubject: got %q, want %q", got, want)
 	}
 	if got, want := RunActor(testRunID), "wf_0123456789abcdef0123456789abcdef"; got != want {
 		t.Errorf("RunActor: got %q, want %q", got, want)

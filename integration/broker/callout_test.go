@@ -182,7 +182,7 @@ func TestCalloutRecordsAndOpsView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedSubject(harness.TestSpace, "", "*")))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedInstanceFilter(harness.TestSpace, subjects.NoInstance)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +192,9 @@ func TestCalloutRecordsAndOpsView(t *testing.T) {
 	for subject := range info.State.Subjects {
 		var rec audit.Minted
 		harness.ReadRecord(t, p, subjects.MintedStream(harness.TestSpace), subject, &rec)
-		if rec.Endpoint != handlers.EndpointCallout || rec.Caller != subjects.Principal(owner, "ops") || rec.Duty != string(subjects.DutyOps) || rec.Exp != ex.Exp {
-			t.Errorf("the connection's minted record: got %+v, want auth-callout, %s, ops, exp %d", rec, subjects.Principal(owner, "ops"), ex.Exp)
+		if rec.Endpoint != handlers.EndpointCallout || rec.Caller != subjects.Principal(owner, "ops") || len(rec.Credentials) != 1 ||
+			rec.Credentials[0].Duty != string(subjects.DutyOps) || rec.Credentials[0].Exp != ex.Exp || subject != subjects.MintedSubject(harness.TestSpace, "", []string{rec.Credentials[0].NKey}) {
+			t.Errorf("the connection's minted record on %s: got %+v, want auth-callout, %s, one ops credential of exp %d, on its key's subject", subject, rec, subjects.Principal(owner, "ops"), ex.Exp)
 		}
 	}
 }

@@ -87,7 +87,7 @@ func mintedSince(t testing.TB, p *harness.TestPlane, seq uint64) []harness.Minte
 		seq++
 		m, err := st.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // replaced by a later record on its nkey
+			continue // replaced by a later record of its set of keys
 		}
 		if err != nil {
 			t.Fatalf("minted record %d: %v", seq, err)
@@ -147,7 +147,7 @@ func fillMinted(t testing.TB, p *harness.TestPlane) {
 	for size := 64 << 10; size > 0; size /= 2 {
 		for {
 			n++
-			_, err := p.JS(t).Publish(ctx, subjects.MintedSubject(harness.TestSpace, "filler", fmt.Sprintf("F%d", n)), make([]byte, size))
+			_, err := p.JS(t).Publish(ctx, subjects.MintedSubject(harness.TestSpace, "filler", []string{fmt.Sprint(n)}), make([]byte, size))
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "maximum bytes") {
 				break

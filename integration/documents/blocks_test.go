@@ -712,10 +712,13 @@ func checkRunRevoked(r *blockRun) {
 	}
 }
 
-// checkTrailRead: the auditor read the refusal on record and the newest mint.
+// checkTrailRead: the auditor read the refusal on record, the newest mint, and the record of
+// one key found among its instance's.
 func checkTrailRead(r *blockRun) {
 	out := r.printed()
-	for _, want := range []string{`"decision":"refused"`, `"caller":"u_bbbbbbbbbbbbbbbbbbbbbbbbbb.oncall"`, `"code":"permission-denied"`, `"duty":`, "Information for Stream cotal_audit_default"} {
+	// The last want is the one key's minted record: the supervisor's, among its mint's credentials.
+	for _, want := range []string{`"decision":"refused"`, `"caller":"u_bbbbbbbbbbbbbbbbbbbbbbbbbb.oncall"`, `"code":"permission-denied"`, `"duty":`, "Information for Stream cotal_audit_default",
+		`"credentials":[{"duty":"supervisor","nkey":"U`} {
 		if !strings.Contains(out, want) {
 			r.t.Errorf("the auditor's reads: want %s in:\n%s", want, out)
 		}

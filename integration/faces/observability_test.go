@@ -195,9 +195,10 @@ func TestCredsRecordsTheCredentialItWritesAndWritesNoneItCannotRecord(t *testing
 		t.Fatal(err)
 	}
 	var rec audit.Minted
-	harness.ReadRecord(t, p, subjects.MintedStream(harness.TestSpace), subjects.MintedSubject(harness.TestSpace, "", claims.Subject), &rec)
-	if rec.Endpoint != admin.EndpointCreds || rec.Caller != harness.OwnerA+".cli" || rec.Duty != "caller" || rec.NKey != claims.Subject || rec.Exp != claims.Expires {
-		t.Errorf("the creds' minted record: got %+v, want caller %s.cli, key %s until %d", rec, harness.OwnerA, claims.Subject, claims.Expires)
+	harness.ReadRecord(t, p, subjects.MintedStream(harness.TestSpace), subjects.MintedSubject(harness.TestSpace, "", []string{claims.Subject}), &rec)
+	if rec.Endpoint != admin.EndpointCreds || rec.Caller != harness.OwnerA+".cli" || len(rec.Credentials) != 1 ||
+		rec.Credentials[0] != (audit.Credential{Duty: "caller", NKey: claims.Subject, Exp: claims.Expires}) {
+		t.Errorf("the creds' minted record: got %+v, want caller %s.cli, one credential of key %s until %d", rec, harness.OwnerA, claims.Subject, claims.Expires)
 	}
 	if js, err := json.Marshal(rec); err != nil || strings.Contains(string(js), token) {
 		t.Errorf("the minted record holds the JWT: %s", js)

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/supervisor"
@@ -86,7 +88,12 @@ func TestAnEndRevokesOnlyTheKeysItsInstanceClaimed(t *testing.T) {
 	other := harness.NewManagerKeys(t)
 	prep, _ := harness.Registered(t, harness.CallerConn(t, p, harness.OwnerB, "cli"), harness.OwnerB, "cli", other)
 	foreign := other.Pub(t, subjects.DutySupervisor)
-	if _, err := p.JS(t).Publish(harness.CallCtx(t), subjects.MintedSubject(harness.TestSpace, s.M.Iid, foreign), []byte(`{"v":1}`)); err != nil {
+	forged, err := json.Marshal(audit.Minted{V: 1, Request: audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: harness.OwnerA + ".cli", InstanceID: s.M.Iid},
+		Credentials: []audit.Credential{{Duty: string(subjects.DutySupervisor), NKey: foreign, Exp: time.Now().Add(time.Hour).Unix()}}, At: time.Now().UnixMilli()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.JS(t).Publish(harness.CallCtx(t), subjects.MintedSubject(harness.TestSpace, s.M.Iid, []string{foreign}), forged); err != nil {
 		t.Fatal(err)
 	}
 	otherConn := harness.DutyConn(t, p, other, harness.OwnerB, subjects.DutySupervisor, prep.Credentials["supervisor"].JWT)

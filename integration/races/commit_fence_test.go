@@ -38,11 +38,18 @@ func TestCommitFenceDiscardsAMintWhoseGateMovedBeforeItsCommit(t *testing.T) {
 		t.Fatalf("the paused mint: got %q %q with %d credentials, want conflict and none", o.Code, o.Message, len(o.Material.Credentials))
 	}
 	// It was recorded minted (before its commit) and then discarded.
-	for _, d := range []subjects.Duty{subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger} {
-		var rec harness.MintedRecord
-		harness.ReadRecord(t, p, subjects.MintedStream(harness.TestSpace), subjects.MintedSubject(harness.TestSpace, m.Iid, m.Pub(t, d)), &rec)
-		if rec.RequestID != requestID || rec.Duty != string(d) {
-			t.Errorf("minted record of %s: got request %s duty %s, want %s %s", d, rec.RequestID, rec.Duty, requestID, d)
+	var keys []string
+	for _, d := range subjects.StandingDuties {
+		keys = append(keys, m.Pub(t, d))
+	}
+	var rec harness.MintedRecord
+	harness.ReadRecord(t, p, subjects.MintedStream(harness.TestSpace), subjects.MintedSubject(harness.TestSpace, m.Iid, keys), &rec)
+	if rec.RequestID != requestID || len(rec.Credentials) != 5 {
+		t.Errorf("minted record of the bundle: got request %s with %d credentials, want %s with five", rec.RequestID, len(rec.Credentials), requestID)
+	}
+	for _, d := range subjects.StandingDuties {
+		if c, ok := rec.Of(m.Pub(t, d)); !ok || c.Duty != string(d) {
+			t.Errorf("minted record of the bundle: got %+v for %s, want its %s credential", c, m.Pub(t, d), d)
 		}
 	}
 	dec := harness.LastDecision(t, p, "discarded", harness.OwnerA, "cli")

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/supervisor"
@@ -229,28 +228,28 @@ func (inv *invariants) check(t testing.TB) {
 	clear(inv.dirtyRuns)
 }
 
-// checkMinted: every credential's nkey has a `minted` record of its instance, run and duty.
+// checkMinted: every credential's nkey is named by a `minted` record of its instance, with its
+// duty and run.
 func (inv *invariants) checkMinted(t testing.TB, fresh []received) {
 	t.Helper()
-	seen := map[string]bool{}
+	byKey := map[string]map[string]harness.MintedRecord{} // instance → nkey → the record naming it
 	for _, c := range fresh {
-		subject := subjects.MintedSubject(harness.TestSpace, c.iid, c.nkey)
-		if seen[subject] {
+		if byKey[c.iid] == nil {
+			byKey[c.iid] = map[string]harness.MintedRecord{}
+			for _, rec := range harness.MintedRecords(t, inv.p, c.iid) {
+				for _, k := range rec.Keys() {
+					byKey[c.iid][k] = rec
+				}
+			}
+		}
+		rec, ok := byKey[c.iid][c.nkey]
+		if !ok {
+			t.Errorf("%s: no minted record of instance %s names its nkey %s", c, c.iid, c.nkey)
 			continue
 		}
-		seen[subject] = true
-		m, err := harness.LastMsg(t, inv.p, subjects.MintedStream(harness.TestSpace), subject)
-		if err != nil {
-			t.Errorf("%s: no minted record for its nkey %s: %v", c, c.nkey, err)
-			continue
-		}
-		var rec audit.Minted
-		if err := json.Unmarshal(m.Data, &rec); err != nil {
-			t.Errorf("%s: minted record %s: %v", c, subject, err)
-			continue
-		}
-		if rec.NKey != c.nkey || rec.Duty != c.duty || rec.InstanceID != c.iid || rec.RunID != c.runID {
-			t.Errorf("%s: got minted record of nkey %s duty %s instance %s run %q, want its own", c, rec.NKey, rec.Duty, rec.InstanceID, rec.RunID)
+		cred, _ := rec.Of(c.nkey)
+		if cred.Duty != c.duty || rec.InstanceID != c.iid || rec.RunID != c.runID {
+			t.Errorf("%s: got minted record of nkey %s duty %s instance %s run %q, want its own", c, cred.NKey, cred.Duty, rec.InstanceID, rec.RunID)
 		}
 	}
 }

@@ -236,7 +236,7 @@ func TestANoisyOwnersFloodsLeaveAnotherOwnerWorkingAndItsRecordsKept(t *testing.
 }
 
 // victimRecords names and locates what the victim wrote that a flood could push out: every
-// audit record of owner A (its subject and sequence), the minted record of each key of kept,
+// audit record of owner A (its subject and sequence), the minted records of kept's keys,
 // and the witnessed run-start early.
 func victimRecords(t *testing.T, p *harness.TestPlane, kept *harness.ManagerKeys, early string) map[string]uint64 {
 	t.Helper()
@@ -264,14 +264,13 @@ func victimRecords(t *testing.T, p *harness.TestPlane, kept *harness.ManagerKeys
 			t.Fatalf("the victim's audit records: got %v, want one of each decision: exchanged, admitted, revoked, refused", slices.Sorted(maps.Keys(out)))
 		}
 	}
-	for _, d := range subjects.StandingDuties {
-		subject := subjects.MintedSubject(harness.TestSpace, kept.Iid, kept.Pub(t, d))
+	for subject := range harness.MintedRecords(t, p, kept.Iid) {
 		if m, err := harness.LastMsg(t, p, subjects.MintedStream(harness.TestSpace), subject); err == nil {
 			out["minted record "+subject] = m.Sequence
 		}
 	}
-	if n := len(out) - len(info.State.Subjects); n != len(subjects.StandingDuties) {
-		t.Fatalf("the minted records of the victim's kept instance: got %d, want one for each of its %d keys", n, len(subjects.StandingDuties))
+	if got, want := harness.MintedKeys(t, p, kept.Iid), harness.IdentityKeys(t, kept); !slices.Equal(got, want) {
+		t.Fatalf("the minted records of the victim's kept instance: got keys %v, want its %d keys %v", got, len(want), want)
 	}
 	if m, err := harness.LastMsg(t, p, harness.WitnessStream(harness.OwnerA), early); err == nil {
 		out["witnessed run-start "+early] = m.Sequence

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
@@ -159,7 +158,7 @@ func (w *raceWatch) round(t testing.TB) {
 	for _, k := range report.Revoked.NKeys {
 		revoked[k] = true
 	}
-	for _, k := range mintedKeys(t, w.p, s.M.Iid) {
+	for _, k := range harness.MintedKeys(t, w.p, s.M.Iid) {
 		if !revoked[k] {
 			t.Errorf("minted key %s is not on the revocation list the end returned", k)
 		}
@@ -186,26 +185,6 @@ func (w *raceWatch) endAsACallerWould(s *harness.Supervised) (*client.EndReport,
 		}
 		w.repeats.Add(1)
 	}
-}
-
-// mintedKeys lists the keys of instance iid's `minted` records, read as an auditor would.
-func mintedKeys(t testing.TB, p *harness.TestPlane, iid string) []string {
-	t.Helper()
-	ctx := harness.CallCtx(t)
-	st, err := p.JS(t).Stream(ctx, subjects.MintedStream(harness.TestSpace))
-	if err != nil {
-		t.Fatal(err)
-	}
-	filter := subjects.MintedInstanceFilter(harness.TestSpace, iid)
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for subject := range info.State.Subjects {
-		keys = append(keys, subject[len(filter)-1:])
-	}
-	return keys
 }
 
 // laneT is a test's T for a goroutine of its own: a fatal failure there fails the test and

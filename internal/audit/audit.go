@@ -8,9 +8,6 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -21,10 +18,12 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Appender appends one record to a record stream and waits for its ack; a non-empty msgID
-// makes a repeat of the same append idempotent.
-type Appender interface {
+// Stream is the plane's record streams, as the writer uses them: Append appends one record and
+// waits for its ack (a non-empty msgID makes a repeat of the same append idempotent); Last reads
+// back the last record of each subject of a stream that matches a filter.
+type Stream interface {
 	Append(ctx context.Context, subject string, data []byte, msgID string) error
+	Last(ctx context.Context, stream, filter string) ([]store.Record, error)
 }
 
 // Writer writes decisions.
@@ -37,7 +36,7 @@ type Writer struct {
 	Summarized func(decision string)
 
 	space string
-	out   Appender
+	out   Stream
 	log   *slog.Logger
 	now   func() time.Time
 
@@ -47,7 +46,7 @@ type Writer struct {
 }
 
 // New returns a writer for space.
-func New(space string, out Appender, log *slog.Logger, now func() time.Time) *Writer {
+func New(space string, out Stream, log *slog.Logger, now func() time.Time) *Writer {
 	return &Writer{space: space, out: out, log: log, now: now, windows: map[budgetKey]*window{}}
 }
 
@@ -78,15 +77,6 @@ type Credential struct {
 	Duty string `json:"duty"`
 	NKey string `json:"nkey"`
 	Exp  int64  `json:"exp"` // seconds
-}
-
-// Minted is the record of one nkey's latest mint, on `cotal.<space>.minted.<iid>.<nkey>`: the
-// source a supervisor end revokes from.
-type Minted struct {
-	V int `json:"v"`
-	Request
-	Credential
-	At int64 `json:"at"` // milliseconds
 }
 
 // Decision is an audit record.
@@ -190,52 +180,6 @@ type window struct {
 	start  time.Time
 	full   int
 	counts map[string]int
-}
-
-// Minted writes one `minted` record per credential, filed under instance iid (the instance
-// the keys are claimed by: what an end of it revokes), before the mint commits, all at once:
-// each waits for its own ack, none for another's. A write of unknown outcome is retried until
-// ctx ends, each record under the message id mintID.<nkey>, so a retry that meets a write that
-// did land adds no second record. An error means the mint must not commit.
-func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Credential, mintID string) error {
-	at := w.now().UnixMilli()
-	errs := make([]error, len(creds))
-	var wg sync.WaitGroup
-	for i, c := range creds {
-		data, err := json.Marshal(Minted{V: 1, Request: req, Credential: c, At: at})
-		if err != nil {
-			return err
-		}
-		write := func() {
-			subject := subjects.MintedSubject(w.space, iid, c.NKey)
-			if err := w.append(ctx, subject, data, mintID+"."+c.NKey); err != nil {
-				w.log.Error("minted record not written; the mint will not commit", append(req.attrs(), "nkey", c.NKey, "err", err)...)
-				errs[i] = fmt.Errorf("record minted %s: %w", c.NKey, err)
-			}
-		}
-		if i == len(creds)-1 {
-			write() // the last on this goroutine
-		} else {
-			wg.Go(write)
-		}
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// append writes one record, again after a write of unknown outcome, until ctx ends.
-func (w *Writer) append(ctx context.Context, subject string, data []byte, msgID string) error {
-	for attempt := 0; ; attempt++ {
-		actx, cancel := store.Attempt(ctx) // a lost ack leaves time to try again
-		err := w.out.Append(actx, subject, data, msgID)
-		cancel()
-		if err == nil || msgID == "" || !errors.Is(err, store.ErrUnknownOutcome) {
-			return err
-		}
-		if perr := store.Pause(ctx, attempt); perr != nil {
-			return fmt.Errorf("%w (gave up: %w)", err, perr)
-		}
-	}
 }
 
 // LogMinted writes the log line of a committed mint.

@@ -149,7 +149,7 @@ var ErrDiscarded = errors.New("mint discarded")
 // Recorder writes the pipeline's two decisions: `minted` before any commit, `discarded` when a
 // signed mint does not commit.
 type Recorder interface {
-	// Minted files the records under instance iid.
+	// Minted files the mint's one record, naming every credential, under instance iid.
 	Minted(ctx context.Context, iid string, req audit.Request, creds []audit.Credential, mintID string) error
 	LogMinted(req audit.Request, creds []audit.Credential)
 	Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error)

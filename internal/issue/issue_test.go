@@ -113,12 +113,17 @@ func (e *env) plan(t testing.TB) issue.Plan {
 	}
 }
 
-// decisions returns the audit decisions recorded, and how many minted records there are.
+// decisions returns the audit decisions recorded, and how many keys the minted records name
+// (each record one mint's keys).
 func (e *env) decisions(t *testing.T) (decided []audit.Decision, minted int) {
 	t.Helper()
 	for _, m := range e.records.Msgs() {
 		if strings.Contains(m.Subject, ".minted.") {
-			minted++
+			var rec audit.Minted
+			if err := json.Unmarshal(m.Data, &rec); err != nil {
+				t.Fatal(err)
+			}
+			minted += len(rec.Credentials)
 			continue
 		}
 		var d audit.Decision
@@ -139,7 +144,7 @@ func (e *env) wantDiscarded(t *testing.T, got *issue.Issued, err error, code fau
 	}
 	decided, minted := e.decisions(t)
 	if minted != 2 || len(decided) != 1 || decided[0].Decision != audit.Discarded || decided[0].Code != string(code) || len(decided[0].Credentials) != 2 {
-		t.Fatalf("got %d minted and decisions %+v, want 2 minted and one discarded %s naming both", minted, decided, code)
+		t.Fatalf("got %d keys recorded minted and decisions %+v, want 2 and one discarded %s naming both", minted, decided, code)
 	}
 }
 
@@ -169,7 +174,7 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 		t.Fatal(err)
 	}
 	if mintedAtFirstCommit != 2 {
-		t.Fatalf("got %d minted records when the first commit ran, want both", mintedAtFirstCommit)
+		t.Fatalf("got %d keys recorded minted when the first commit ran, want both", mintedAtFirstCommit)
 	}
 	if len(got.Credentials) != 2 || got.Earliest() != e.now.Add(time.Hour).Unix() {
 		t.Fatalf("got %v, earliest %d; want two credentials expiring in an hour", got.Credentials, got.Earliest())
@@ -301,17 +306,9 @@ func TestAMintedWriteOfUnknownOutcomeIsRetriedWithoutADuplicateRecord(t *testing
 			if err != nil || len(got.Credentials) != 2 {
 				t.Fatalf("got %v, %v; want the mint to commit", got, err)
 			}
-			perKey := map[string]int{}
-			for _, m := range e.records.Msgs() {
-				perKey[m.Subject]++
-			}
-			if len(perKey) != 2 {
-				t.Fatalf("got records on %v, want one subject per nkey", perKey)
-			}
-			for subj, n := range perKey {
-				if n != 1 {
-					t.Errorf("%s: got %d records, want exactly one", subj, n)
-				}
+			keys := []string{got.Credentials[0].Key, got.Credentials[1].Key}
+			if msgs := e.records.Msgs(); len(msgs) != 1 || msgs[0].Subject != subjects.MintedSubject("default", e.iid, keys) {
+				t.Fatalf("got %d records (%v), want exactly one, on the subject of the mint's two keys", len(msgs), msgs)
 			}
 		})
 	}
@@ -412,7 +409,7 @@ func TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned(t *testing.T) {
 		t.Fatalf("got %v, %v; want nothing and internal naming the instance", got, err)
 	}
 	if decided, minted := e.decisions(t); len(decided) != 0 || minted != 0 || e.fences.Revision() != before {
-		t.Fatalf("got %d decisions, %d minted records, fences at %d (from %d); want nothing written", len(decided), minted, e.fences.Revision(), before)
+		t.Fatalf("got %d decisions, %d keys recorded minted, fences at %d (from %d); want nothing written", len(decided), minted, e.fences.Revision(), before)
 	}
 }
 
@@ -434,7 +431,7 @@ func TestAKeyAnotherInstanceClaimedIsRefusedBeforeSigningAndANewOneIsClaimedInTh
 		t.Fatalf("got %v, %v; want nothing and already-exists naming attempt.driverId", got, err)
 	}
 	if _, minted := e.decisions(t); minted != 0 {
-		t.Fatalf("got %d minted records for a refused plan, want none", minted)
+		t.Fatalf("got %d keys recorded minted for a refused plan, want none", minted)
 	}
 	plan = e.plan(t)
 	if _, err := e.p.Issue(ctx(t), plan); err != nil {

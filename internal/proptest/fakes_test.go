@@ -14,7 +14,6 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
-	"github.com/cotal-ai/authplane/subjects"
 )
 
 // logged is a bucket of a schedule (the fence bucket, the platform bucket): an in-memory
@@ -179,21 +178,6 @@ func (r *resolver) revokes() map[string]int64 {
 		return nil
 	}
 	return maps.Clone(map[string]int64(c.Revocations))
-}
-
-// mintedKeys lists an instance's minted keys from the in-memory minted stream, as
-// store.Stores.MintedKeys does from JetStream.
-type mintedKeys struct{ records *storetest.Stream }
-
-func (m mintedKeys) MintedKeys(_ context.Context, iid string) ([]string, error) {
-	prefix := strings.TrimSuffix(subjects.MintedInstanceFilter(testSpace, iid), ">")
-	seen := map[string]bool{}
-	for _, msg := range m.records.Msgs() {
-		if k, ok := strings.CutPrefix(msg.Subject, prefix); ok && subjects.ValidUserNKey(k) {
-			seen[k] = true
-		}
-	}
-	return slices.Sorted(maps.Keys(seen)), nil
 }
 
 // witnessAll witnesses every run-start: the schedules are not about the witness.

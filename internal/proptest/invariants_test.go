@@ -50,7 +50,8 @@ type storedRunFence struct {
 	Revoked      bool   `json:"revoked"`
 }
 
-// readRecords reads the record stream: the minted records by instance and key, and the
+// readRecords reads the record stream: the minted records by instance and key (a record of a
+// mint counted under each key it names), and the
 // `ended` records. What it parsed once it keeps (the stream only grows).
 func (w *world) readRecords() (minted map[string]map[string][]audit.Credential, ended []audit.Decision, bad []string) {
 	c := &w.parsed
@@ -62,16 +63,18 @@ func (w *world) readRecords() (minted map[string]map[string][]audit.Credential, 
 	msgs := w.records.Msgs()
 	for _, msg := range msgs[c.n:] {
 		if rest, ok := strings.CutPrefix(msg.Subject, mintedPrefix); ok {
-			iid, key, _ := strings.Cut(rest, ".")
+			iid, digest, _ := strings.Cut(rest, ".")
 			var m audit.Minted
-			if err := json.Unmarshal(msg.Data, &m); err != nil || m.NKey != key {
-				c.bad = append(c.bad, fmt.Sprintf("the minted record on %s does not decode as a record of its key: %v", msg.Subject, err))
+			if err := json.Unmarshal(msg.Data, &m); err != nil || len(m.Credentials) == 0 || digest != subjects.MintedDigest(credentialKeys(m.Credentials)) {
+				c.bad = append(c.bad, fmt.Sprintf("the minted record on %s does not decode as a record of the keys its subject names: %v", msg.Subject, err))
 				continue
 			}
 			if c.minted[iid] == nil {
 				c.minted[iid] = map[string][]audit.Credential{}
 			}
-			c.minted[iid][key] = append(c.minted[iid][key], m.Credential)
+			for _, cred := range m.Credentials {
+				c.minted[iid][cred.NKey] = append(c.minted[iid][cred.NKey], cred)
+			}
 		} else if strings.HasPrefix(msg.Subject, endedPrefix) {
 			var d audit.Decision
 			if err := json.Unmarshal(msg.Data, &d); err != nil || d.Assignment == nil {
@@ -83,6 +86,15 @@ func (w *world) readRecords() (minted map[string]map[string][]audit.Credential, 
 	}
 	c.n = len(msgs)
 	return c.minted, c.ended, slices.Clone(c.bad)
+}
+
+// credentialKeys are the keys of creds.
+func credentialKeys(creds []audit.Credential) []string {
+	keys := make([]string, len(creds))
+	for i, c := range creds {
+		keys[i] = c.NKey
+	}
+	return keys
 }
 
 // parsed is what the checks parsed of the stores so far.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -258,7 +259,7 @@ func (w *world) newPlane() (*plane, error) {
 	sup := &supervisor.Supervisor{
 		Space: testSpace, Account: w.account,
 		Platform: w.platform, Gates: w.gates, Ledger: w.actors, Issued: w.issued, Accepted: w.accepted,
-		Engine: engine, Minted: mintedKeys{w.records}, Claims: claims,
+		Engine: engine, Minted: recorder, Claims: claims,
 		Revocations: &revocation.Set{Gates: w.gates, Account: w.account, Sign: w.sign, Broker: w.broker, Now: time.Now, Capacity: w.cfg.capacity},
 		Audit:       recorder, MaxTTL: 24 * time.Hour, Now: time.Now,
 		AfterEndStep: w.afterEndStep,
@@ -438,12 +439,13 @@ func (w *world) holder(nkey string) string {
 	return c.InstanceID
 }
 
-// mintedCount counts the minted records of nkey filed under instance iid.
+// mintedCount counts the minted records filed under instance iid that name nkey.
 func (w *world) mintedCount(iid, nkey string) int {
 	n := 0
-	subject := subjects.MintedSubject(testSpace, iid, nkey)
+	filter := subjects.MintedInstanceFilter(testSpace, iid)
 	for _, m := range w.records.Msgs() {
-		if m.Subject == subject {
+		var rec audit.Minted
+		if storetest.Matches(filter, m.Subject) && json.Unmarshal(m.Data, &rec) == nil && slices.ContainsFunc(rec.Credentials, func(c audit.Credential) bool { return c.NKey == nkey }) {
 			n++
 		}
 	}

@@ -43,7 +43,7 @@ const (
 	AuditMaxAge         = 30 * 24 * time.Hour
 	WitnessMaxAge       = 5 * time.Minute
 	// MintedMaxAge keeps a minted record twice the longest credential lifetime (24 h) after
-	// its nkey's last mint, so an end finds every live nkey whatever --standing-ttl was.
+	// the last mint of its set of keys, so an end finds every live nkey whatever --standing-ttl was.
 	MintedMaxAge = 48 * time.Hour
 	// DefaultReaderConsumers bounds the consumers of the minted and audit streams, each.
 	DefaultReaderConsumers = 32
@@ -159,7 +159,7 @@ func Specs(space string, o Options) []Spec {
 			MaxAge:            MintedMaxAge,
 			MaxBytes:          o.MintedBytes,
 			Discard:           jetstream.DiscardNew,
-		}, "minted: one record per nkey, kept past every credential's life, full means mints fail closed")),
+		}, "minted: one record per set of keys, kept past every credential's life, full means mints fail closed")),
 		read(stream(jetstream.StreamConfig{
 			Name:     subjects.AuditStream(space),
 			Subjects: []string{subjects.AuditStreamSubjects(space)},

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
-	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
@@ -126,27 +128,63 @@ func (a Appender) Append(ctx context.Context, subject string, data []byte, msgID
 	return nil
 }
 
-// MintedKeys lists the public keys of instance iid's `minted` records, sorted: every key a
-// credential was minted for on that instance within the minted stream's age (the source a
-// supervisor end revokes from). The stream keeps one record per key.
-func (s *Stores) MintedKeys(ctx context.Context, iid string) ([]string, error) {
-	st, err := s.js.Stream(ctx, subjects.MintedStream(s.Space))
+// Last reads the last record of every subject of stream that matches filter, in no order: a
+// leader read of the subjects, then of each one's last message, several at once. It makes no
+// consumer (the auditors' readers are bounded per stream). A record that ages out between the
+// two reads is left out.
+func (s *Stores) Last(ctx context.Context, stream, filter string) ([]Record, error) {
+	return Appender{s.js}.Last(ctx, stream, filter)
+}
+
+// Record is one message of a record stream.
+type Record struct {
+	Subject string
+	Data    []byte
+}
+
+// lastReads is how many last-message reads Last has in flight at once.
+const lastReads = 16
+
+// Last is Stores.Last.
+func (a Appender) Last(ctx context.Context, stream, filter string) ([]Record, error) {
+	st, err := a.JS.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("minted stream: %w", Classify(err))
+		return nil, fmt.Errorf("stream %s: %w", stream, Classify(err))
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedInstanceFilter(s.Space, iid)))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, fmt.Errorf("minted records of instance %s: %w", iid, Classify(err))
+		return nil, fmt.Errorf("subjects of %s in %s: %w", filter, stream, Classify(err))
 	}
-	prefix := strings.TrimSuffix(subjects.MintedInstanceFilter(s.Space, iid), ">")
-	keys := []string{}
-	for subject := range info.State.Subjects {
-		if key, ok := strings.CutPrefix(subject, prefix); ok && subjects.ValidUserNKey(key) {
-			keys = append(keys, key)
+	names := slices.Collect(maps.Keys(info.State.Subjects))
+	out := make([]*Record, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, lastReads)
+	for i, subject := range names {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			m, err := st.GetLastMsgForSubject(ctx, subject)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+			case err != nil:
+				errs[i] = fmt.Errorf("last record on %s: %w", subject, Classify(err))
+			default:
+				out[i] = &Record{Subject: m.Subject, Data: m.Data}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	records := make([]Record, 0, len(out))
+	for _, r := range out {
+		if r != nil {
+			records = append(records, *r)
 		}
 	}
-	slices.Sort(keys)
-	return keys, nil
+	return records, nil
 }
 
 // OpenBucket opens one existing bucket without ensuring anything: for tools that connect to a

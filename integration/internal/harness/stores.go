@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,19 +106,98 @@ func LastSeq(t testing.TB, p *TestPlane, name string) uint64 {
 	return info.State.LastSeq
 }
 
-// MintedRecord is a `minted` record as an auditor reads it.
+// MintedRecord is a `minted` record as an auditor reads it: one mint's credentials.
 type MintedRecord struct {
-	V          int    `json:"v"`
-	Endpoint   string `json:"endpoint"`
-	Caller     string `json:"caller"`
-	Kind       string `json:"kind"`
-	Operation  string `json:"operation"`
-	InstanceID string `json:"instanceId"`
-	RequestID  string `json:"requestId"`
-	Duty       string `json:"duty"`
-	NKey       string `json:"nkey"`
-	Exp        int64  `json:"exp"`
-	At         int64  `json:"at"`
+	V           int                `json:"v"`
+	Endpoint    string             `json:"endpoint"`
+	Caller      string             `json:"caller"`
+	Kind        string             `json:"kind"`
+	Operation   string             `json:"operation"`
+	InstanceID  string             `json:"instanceId"`
+	RequestID   string             `json:"requestId"`
+	RunID       string             `json:"runId"`
+	Credentials []MintedCredential `json:"credentials"`
+	At          int64              `json:"at"`
+}
+
+// MintedCredential is one credential of a `minted` record.
+type MintedCredential struct {
+	Duty string `json:"duty"`
+	NKey string `json:"nkey"`
+	Exp  int64  `json:"exp"`
+}
+
+// Of returns the credential of rec for nkey.
+func (rec MintedRecord) Of(nkey string) (MintedCredential, bool) {
+	for _, c := range rec.Credentials {
+		if c.NKey == nkey {
+			return c, true
+		}
+	}
+	return MintedCredential{}, false
+}
+
+// Keys are the keys rec names.
+func (rec MintedRecord) Keys() []string {
+	out := make([]string, len(rec.Credentials))
+	for i, c := range rec.Credentials {
+		out[i] = c.NKey
+	}
+	return out
+}
+
+// MintedRecords reads instance iid's `minted` records (iid "" for none), as an auditor would:
+// the last message of each subject under the instance, by subject. Each record's subject must
+// be its own set of keys.
+func MintedRecords(t testing.TB, p *TestPlane, iid string) map[string]MintedRecord {
+	t.Helper()
+	return MintedRecordsIn(t, p.JS(t), iid)
+}
+
+// MintedRecordsIn is MintedRecords over js.
+func MintedRecordsIn(t testing.TB, js jetstream.JetStream, iid string) map[string]MintedRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, subjects.MintedStream(TestSpace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if iid == "" {
+		iid = subjects.NoInstance
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.MintedInstanceFilter(TestSpace, iid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]MintedRecord{}
+	for subject := range info.State.Subjects {
+		m, err := st.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			t.Fatalf("read %s: %v", subject, err)
+		}
+		var rec MintedRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			t.Fatalf("decode %s: %v", subject, err)
+		}
+		if want := subjects.MintedSubject(TestSpace, iid, rec.Keys()); subject != want {
+			t.Errorf("the minted record on %s names keys %v, whose subject is %s", subject, rec.Keys(), want)
+		}
+		out[subject] = rec
+	}
+	return out
+}
+
+// MintedKeys lists the keys named by instance iid's `minted` records, sorted, each once: the
+// keys an end of it must revoke.
+func MintedKeys(t testing.TB, p *TestPlane, iid string) []string {
+	t.Helper()
+	var keys []string
+	for _, rec := range MintedRecords(t, p, iid) {
+		keys = append(keys, rec.Keys()...)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys)
 }
 
 // DecisionRecord is an audit record (refused, discarded, …) as an auditor reads it.

@@ -1,5 +1,5 @@
 // Package storetest is an in-memory bucket with the semantics of store.KV and an in-memory
-// record stream with those of store.Stores.Append, for unit tests of the code built on them
+// record stream with those of store.Stores.Append and Last, for unit tests of the code built on them
 // (fences, the ledger, the pipeline, the manager engine), with faults a test can inject: the
 // timeouts and leader changes whose outcome a writer must settle by re-reading.
 package storetest
@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,6 +261,44 @@ func (s *Stream) Append(ctx context.Context, subject string, data []byte, msgID 
 		}
 	}
 	return injected
+}
+
+// Last returns the last record of every subject that matches filter (a NATS subject filter:
+// `*` one token, `>` the rest), in order of their appends. The stream is one for every
+// subject, so the stream name is not looked at.
+func (s *Stream) Last(ctx context.Context, stream, filter string) ([]store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := map[string]int{}
+	for i, m := range s.msgs {
+		if Matches(filter, m.Subject) {
+			last[m.Subject] = i
+		}
+	}
+	var out []store.Record
+	for i, m := range s.msgs {
+		if last[m.Subject] == i && Matches(filter, m.Subject) {
+			out = append(out, store.Record{Subject: m.Subject, Data: m.Data})
+		}
+	}
+	return out, nil
+}
+
+// Matches reports whether subject matches the NATS subject filter.
+func Matches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		switch {
+		case tok == ">":
+			return len(s) > i
+		case i >= len(s) || (tok != "*" && tok != s[i]):
+			return false
+		}
+	}
+	return len(f) == len(s)
 }
 
 // Msgs returns every record appended, oldest first.
