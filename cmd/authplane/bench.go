@@ -146,7 +146,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report, err := measure(ctx, plane, cfg.MaxConnections, b)
+	report, err := measure(ctx, plane, cfg.MaxConnections, cfg.Dir, b)
 	if cerr := plane.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -201,14 +201,14 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // measure runs the bench against a started plane.
-func measure(ctx context.Context, plane *service.Plane, maxConnections int64, b bench.Config) (*bench.Report, error) {
+func measure(ctx context.Context, plane *service.Plane, maxConnections int64, dir string, b bench.Config) (*bench.Report, error) {
 	info := plane.Info()
 	keys, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
 	if err != nil {
 		return nil, err
 	}
 	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL,
-		RevocationCapacity: info.RevocationCapacity}, b)
+		RevocationCapacity: info.RevocationCapacity, Dir: dir}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}
@@ -258,15 +258,23 @@ func printStorms(w io.Writer, storms []bench.Storm) {
 // printOps prints the operations with their ceilings.
 func printOps(w io.Writer, r *bench.Report) {
 	fmt.Fprintf(w, "\n%d requesters (one instance: %v), %.0fs a phase\n", r.Requesters, r.OneInstance, r.DurationS)
-	fmt.Fprintf(w, "%-20s %10s %10s %8s %8s %8s %10s %8s %8s  %s\n",
-		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "refused")
-	fmt.Fprintf(w, "%-20s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s\n",
-		"echo (ceiling)", r.CeilingEchoPerS, "-", r.EchoP50, r.EchoP99, "-", r.EchoCPU, "1", "-")
-	fmt.Fprintf(w, "%-20s %10s %10.0f %8s %8s %8s %10s %8s %8s\n",
-		"mint (ceiling)", "-", r.CeilingMintPerS, "-", "-", "-", "-", "-", "1")
+	fmt.Fprintf(w, "%-26s %10s %10s %8s %8s %8s %10s %8s %8s %8s %8s  %s\n",
+		"", "req/s", "creds/s", "p50 ms", "p99 ms", "max ms", "cpu µs/req", "÷echo", "÷mint", "÷sync", "÷stream", "refused")
+	fmt.Fprintf(w, "%-26s %10.0f %10s %8.2f %8.2f %8s %10.0f %8s %8s %8s %8s\n",
+		"echo (ceiling)", r.CeilingEchoPerS, "-", r.EchoP50, r.EchoP99, "-", r.EchoCPU, "1", "-", "-", "-")
+	fmt.Fprintf(w, "%-26s %10s %10.0f %8s %8s %8s %10s %8s %8s %8s %8s\n",
+		"mint (ceiling)", "-", r.CeilingMintPerS, "-", "-", "-", "-", "-", "1", "-", "-")
+	if d := r.Disk; d != nil {
+		fmt.Fprintf(w, "%-26s %10.0f %10s %8s %8s %8s %10s %8s %8s %8s %8s  %.0f µs a write\n",
+			"synced write (ceiling)", d.SyncedWritesPerS, "-", "-", "-", "-", "-", "-", "-", "1", "-", d.SyncedWriteUs)
+		fmt.Fprintf(w, "%-26s %10.0f %10s %8s %8.2f %8s %10s %8s %8s %8s %8s\n",
+			"synced stream, 1 at once", d.StreamPerS, "-", "-", d.StreamP99, "-", "-", "-", "-", "-", "-")
+		fmt.Fprintf(w, "%-26s %10.0f %10s %8s %8.2f %8s %10s %8s %8s %8s %8s\n",
+			fmt.Sprintf("synced stream, %d at once", d.Publishers), d.StreamConcurrentPerS, "-", "-", d.StreamConcurrentP99, "-", "-", "-", "-", "-", "1")
+	}
 	for _, p := range r.Operations {
-		fmt.Fprintf(w, "%-20s %10.0f %10.0f %8.2f %8.2f %8.2f %10.0f %8.3f %8.3f  %v\n",
-			p.Op, p.RequestsPerS, p.CredentialsPerS, p.P50, p.P99, p.Max, p.CPUPerRequest, p.RatioToEcho, p.RatioToMint, refusedText(p.Refused))
+		fmt.Fprintf(w, "%-26s %10.0f %10.0f %8.2f %8.2f %8.2f %10.0f %8.3f %8.3f %8.3f %8.3f  %v\n",
+			p.Op, p.RequestsPerS, p.CredentialsPerS, p.P50, p.P99, p.Max, p.CPUPerRequest, p.RatioToEcho, p.RatioToMint, p.RatioToSync, p.RatioToStream, refusedText(p.Refused))
 	}
 }
 

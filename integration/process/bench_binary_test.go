@@ -13,8 +13,9 @@ import (
 )
 
 // TestBinaryBenchPrintsEveryFigureAsTheLastLine: `authplane bench --json` starts its own plane,
-// drives each operation and both ceilings, and prints one JSON object as the last line of
-// stdout with every figure of an operation and its ceilings, each measured (not zero); progress
+// drives each operation and its ceilings (the echo, the mint, and the disk's: synced writes in
+// its directory, a synced stream), and prints one JSON object as the last line of stdout with
+// every figure of an operation and its ceilings, each measured (not zero); progress
 // goes to stderr. Nothing here is timed: the figures only have to exist. It loads both CPUs for
 // a moment, so it runs alone, before the package's parallel tests.
 func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
@@ -63,8 +64,24 @@ func TestBinaryBenchPrintsEveryFigureAsTheLastLine(t *testing.T) {
 					t.Errorf("%v: got refusals %v, want none", op["op"], refused)
 				}
 			}
-			if !strings.Contains(stderr, "echo ceiling") || !strings.Contains(stderr, "mint ceiling") {
-				t.Errorf("stderr: got %q, want progress naming both ceilings", stderr)
+			disk, _ := report["disk"].(map[string]any)
+			for _, key := range []string{"synced_writes_per_s", "synced_write_us", "synced_stream_per_s", "synced_stream_concurrent_per_s", "synced_stream_publishers"} {
+				if v, ok := disk[key].(float64); !ok || v <= 0 {
+					t.Errorf("disk.%s: got %v, want a figure above 0", key, disk[key])
+				}
+			}
+			for _, o := range ops {
+				op := o.(map[string]any)
+				for _, key := range []string{"ratio_to_synced_write", "ratio_to_synced_stream"} {
+					if v, ok := op[key].(float64); !ok || v <= 0 {
+						t.Errorf("%v: %s: got %v, want a figure above 0", op["op"], key, op[key])
+					}
+				}
+			}
+			for _, ceiling := range []string{"echo ceiling", "mint ceiling", "synced-write ceiling"} {
+				if !strings.Contains(stderr, ceiling) {
+					t.Errorf("stderr: got %q, want progress naming the %s", stderr, ceiling)
+				}
 			}
 		})
 	}

@@ -1,7 +1,8 @@
 // Package bench measures a running plane against its own ceilings: N requesters, each its own
 // principal on its own connection, drive renew, renewStandingBundle and prepare for a fixed
-// time, and in the same run a trivial micro echo service (same broker, same N, same body size)
-// and the mint alone (same signer) say what the machine allows.
+// time, and in the same run a trivial micro echo service (same broker, same N, same body size),
+// the mint alone (same signer) and synced writes in the plane's directory (a file, a stream)
+// say what the machine allows.
 package bench
 
 import (
@@ -146,6 +147,8 @@ type Target struct {
 	HTTPURL string
 	// RevocationCapacity is the most keys the data account's revocation set holds.
 	RevocationCapacity int
+	// Dir is the plane's state directory: where the disk ceilings are measured.
+	Dir string
 }
 
 // Phase is what one measured phase counted. Rates count successful requests only; refusals
@@ -166,9 +169,13 @@ type Phase struct {
 	// process unless the broker is elsewhere) per successful request, in microseconds; 0 where
 	// the platform does not say.
 	CPUPerRequest float64 `json:"cpu_us_per_request"`
-	// RatioToEcho and RatioToMint compare the phase with the ceilings of the same run.
-	RatioToEcho float64 `json:"ratio_to_echo"`
-	RatioToMint float64 `json:"ratio_to_mint"`
+	// RatioToEcho and RatioToMint compare the phase with the ceilings of the same run, and
+	// RatioToSync and RatioToStream with its disk's: synced writes, and a synced stream's
+	// publishes at N publishers.
+	RatioToEcho   float64 `json:"ratio_to_echo"`
+	RatioToMint   float64 `json:"ratio_to_mint"`
+	RatioToSync   float64 `json:"ratio_to_synced_write"`
+	RatioToStream float64 `json:"ratio_to_synced_stream"`
 }
 
 // Report is a whole run. Its top-level rates are the first operation's; Operations has each.
@@ -193,7 +200,9 @@ type Report struct {
 	// CeilingMintPerS is credentials per second signed (and validated) by the plane's mint
 	// alone, with the same signing key, on every CPU.
 	CeilingMintPerS float64 `json:"ceiling_mint_per_s"`
-	Operations      []Phase `json:"operations"`
+	// Disk is what the state directory allows a durable write.
+	Disk       *Disk   `json:"disk,omitempty"`
+	Operations []Phase `json:"operations"`
 	// Ends are the end phase's cells.
 	Ends []EndCell `json:"ends,omitempty"`
 	// Storms are the storm phase's runs: for each N, the ceiling, the callout, direct JWTs.
@@ -262,6 +271,11 @@ func runOps(ctx context.Context, t Target, cfg Config, r *Report, progress io.Wr
 		return err
 	}
 	fmt.Fprintf(progress, "bench: mint ceiling %.0f credentials/s\n", r.CeilingMintPerS)
+	if r.Disk, err = diskCeiling(ctx, t.Dir, cfg); err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "bench: synced-write ceiling %.0f writes/s (%.0f µs each); a synced stream %.0f publishes/s, %.0f at %d publishers\n",
+		r.Disk.SyncedWritesPerS, r.Disk.SyncedWriteUs, r.Disk.StreamPerS, r.Disk.StreamConcurrentPerS, r.Disk.Publishers)
 
 	profiled := false
 	for _, op := range Operations {
@@ -279,6 +293,12 @@ func runOps(ctx context.Context, t Target, cfg Config, r *Report, progress io.Wr
 		}
 		if r.CeilingMintPerS > 0 {
 			ph.RatioToMint = ph.CredentialsPerS / r.CeilingMintPerS
+		}
+		if r.Disk.SyncedWritesPerS > 0 {
+			ph.RatioToSync = ph.RequestsPerS / r.Disk.SyncedWritesPerS
+		}
+		if r.Disk.StreamConcurrentPerS > 0 {
+			ph.RatioToStream = ph.RequestsPerS / r.Disk.StreamConcurrentPerS
 		}
 		fmt.Fprintf(progress, "bench: %s %.0f req/s (%.0f credentials/s), p50 %.2f ms, p99 %.2f ms, refused %v\n",
 			op, ph.RequestsPerS, ph.CredentialsPerS, ph.P50, ph.P99, ph.Refused)
