@@ -39,7 +39,7 @@ const (
 	nodeLossAttemptTimeout = nodeLossDeadline + 500*time.Millisecond
 	nodeLossBackoff        = 100 * time.Millisecond
 	// nodeLossRecovery is the bound on the time from an event to the end of the first request
-	// sent after it that succeeded.
+	// sent after it that succeeded, on a quiet machine (testkit.Stretched widens it on a busy one).
 	nodeLossRecovery = 5 * time.Second
 	// nodeLossDeadline is the replicas' --request-timeout: shorter than the default 5 s, as a
 	// manager renewing on a cluster would want a lost answer given up on sooner.
@@ -469,8 +469,8 @@ func (l *nodeLossLoad) stopNode(t *testing.T, o *clusterObserver, planes []*harn
 			where = append(where, strings.TrimSuffix(conn, " "+p.InstanceID())+" → "+serverOf(t, l.c, conn))
 		}
 		t.Logf("%s: replica %s reconnected and issued again within %s: %s", name, p.InstanceID(), took.Round(time.Millisecond), strings.Join(where, ", "))
-		if took > nodeLossRecovery {
-			t.Errorf("%s: replica %s issued again after %s, want within %s", name, p.InstanceID(), took.Round(time.Millisecond), nodeLossRecovery)
+		if bound := testkit.Stretched(nodeLossRecovery); took > bound {
+			t.Errorf("%s: replica %s issued again after %s, want within %s (%s on a quiet machine)", name, p.InstanceID(), took.Round(time.Millisecond), bound, nodeLossRecovery)
 		}
 	}
 	l.waitServedAfter(t, ev.at)
@@ -542,8 +542,8 @@ func (l *nodeLossLoad) report(t *testing.T) {
 			servedIn = first.Round(time.Millisecond).String()
 			allIn = slices.Max(slices.Collect(maps.Values(each))).Round(time.Millisecond).String()
 		}
-		if first < 0 || first > nodeLossRecovery {
-			t.Errorf("%s: the plane served again after %s, want within %s", ev.name, servedIn, nodeLossRecovery)
+		if bound := testkit.Stretched(nodeLossRecovery); first < 0 || first > bound {
+			t.Errorf("%s: the plane served again after %s, want within %s (%s on a quiet machine)", ev.name, servedIn, bound, nodeLossRecovery)
 		}
 		var kinds []string
 		for _, a := range slices.Sorted(maps.Keys(answers)) {
