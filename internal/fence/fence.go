@@ -147,7 +147,20 @@ func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 // back: it landed if the row now holds exactly the bytes written. Any other change since the
 // observation is ErrMoved.
 func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
-	f := o.fence
+	data, err := o.fence.encode(next)
+	if err != nil {
+		return nil, err
+	}
+	var landed *Observed[T]
+	if werr := o.fence.alone(ctx, func() { landed, err = o.put(ctx, data) }); werr != nil {
+		return nil, werr
+	}
+	return landed, err
+}
+
+// encode stamps next (a fresh nonce) and marshals it, refusing a row the fence could not read
+// back.
+func (f *Fence[T]) encode(next T) ([]byte, error) {
 	if f.stamp != nil {
 		f.stamp(&next)
 	}
@@ -158,16 +171,22 @@ func (o *Observed[T]) Write(ctx context.Context, next T) (*Observed[T], error) {
 	if _, err := f.parse(data); err != nil {
 		return nil, fmt.Errorf("%w: %s: refusing to write a row that does not parse: %w", ErrMalformed, f.key, err)
 	}
+	return data, nil
+}
+
+// alone runs write, a fence write on the fence's key, alone among the key's grouped commits
+// and writes when the bucket is Grouped (see Grouped), or at once when it is not. A write still
+// waiting when ctx ends is withdrawn: nothing was sent.
+func (f *Fence[T]) alone(ctx context.Context, write func()) error {
 	g, grouped := f.kv.(*Grouped)
 	if !grouped {
-		return o.put(ctx, data)
+		write()
+		return nil
 	}
-	var landed *Observed[T]
-	werr := g.exclusive(ctx, f.key, func() { landed, err = o.put(ctx, data) })
-	if werr != nil {
-		return nil, fmt.Errorf("write %s: withdrawn before it was sent: %w", f.key, werr)
+	if err := g.exclusive(ctx, f.key, write); err != nil {
+		return fmt.Errorf("write %s: withdrawn before it was sent: %w", f.key, err)
 	}
-	return landed, err
+	return nil
 }
 
 // RetryCounter is what a KV may also be to be told of every write a fence retries on it (a
@@ -259,18 +278,13 @@ func (f *Fence[T]) landed(data []byte, n uint64) (*Observed[T], error) {
 // did land, followed by another writer's change, reads as moved and is decided again.
 func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
 	for attempt := 0; ; attempt++ {
-		o, err := f.Observe(ctx)
-		if err != nil {
-			return nil, err
+		var n *Observed[T]
+		var err error
+		// On a Grouped bucket the read, the decision and the write run alone on the key: writers
+		// of one process then never lose their CAS to each other, nor to its commits.
+		if werr := f.alone(ctx, func() { n, err = f.updateOnce(ctx, decide) }); werr != nil {
+			return nil, werr
 		}
-		next, err := decide(o)
-		if errors.Is(err, ErrKeep) {
-			return o, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		n, err := o.Write(ctx, next)
 		if !errors.Is(err, ErrMoved) {
 			return n, err
 		}
@@ -278,6 +292,26 @@ func (f *Fence[T]) Update(ctx context.Context, decide func(*Observed[T]) (T, err
 			return nil, fmt.Errorf("%w (gave up: %w)", err, perr)
 		}
 	}
+}
+
+// updateOnce is one attempt of Update: observe, decide, write at the revision observed.
+func (f *Fence[T]) updateOnce(ctx context.Context, decide func(*Observed[T]) (T, error)) (*Observed[T], error) {
+	o, err := f.Observe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	next, err := decide(o)
+	if errors.Is(err, ErrKeep) {
+		return o, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	data, err := f.encode(next)
+	if err != nil {
+		return nil, err
+	}
+	return o.put(ctx, data)
 }
 
 // UpdateFrom is Update that decides first on known, an observation the caller already holds

@@ -255,3 +255,37 @@ func TestAFenceWriteLandsThroughASteadyStreamOfCommits(t *testing.T) {
 		}
 	}
 }
+
+// Updates of one key by many goroutines of one process, on a grouped bucket, each read, decide
+// and write alone: none loses a CAS to another, so sixteen updates are sixteen writes, and every
+// one of them is in the row (an owner's registrations taking slots of its quota at once).
+func TestUpdatesOfOneKeyOnAGroupedBucketNeverLoseACASToEachOther(t *testing.T) {
+	kv, _, f, _ := grouped(t, fresh("open", 0))
+	var writes atomic.Int64
+	kv.Fault = func(string) (error, bool) {
+		writes.Add(1)
+		time.Sleep(time.Millisecond) // the disk's synced write, not a wait for an event
+		return nil, true
+	}
+	const n = 16
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			_, err := f.Update(ctx(t), func(cur *fence.Observed[row]) (row, error) {
+				next := fresh(cur.Row.State, cur.Row.Epoch+1)
+				return next, nil
+			})
+			if err != nil {
+				t.Errorf("update: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	o, err := f.Observe(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Row.Epoch != n || writes.Load() != n {
+		t.Errorf("got epoch %d after %d writes, want %d updates in %d writes", o.Row.Epoch, writes.Load(), n, n)
+	}
+}
