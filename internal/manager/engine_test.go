@@ -25,6 +25,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -98,7 +99,13 @@ func (env *engineEnv) request(t *testing.T, op string, extra ...any) []byte {
 
 func (env *engineEnv) serve(t *testing.T, data []byte) (*client.Material, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	return env.serveWithin(t, 2*time.Second, data)
+}
+
+// serveWithin is serve with the request's deadline d.
+func (env *engineEnv) serveWithin(t *testing.T, d time.Duration, data []byte) (*client.Material, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	reply, _, err := env.e.ServiceAuthority(ctx, Caller{Owner: testOwner, Actor: "cli"}, audit.Request{}, data)
 	if err != nil {
@@ -359,7 +366,11 @@ func TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota(t *testing.T)
 		t.Fatalf("the row at the maximum does not decode: %v", err)
 	}
 	env.newInstance(t)
-	if _, err := env.serve(t, env.request(t, OpPrepare)); fault.CodeOf(err) != fault.ResourceExhausted || !strings.Contains(err.Error(), "--max-instances-per-owner") {
+	// The refusal reads every instance's gate: give it the plane's default --request-timeout
+	// (5 s), widened on a loaded machine, where the race detector's reads of 10,000 gates
+	// outlasted 2 s.
+	within := testkit.Stretched(5 * time.Second)
+	if _, err := env.serveWithin(t, within, env.request(t, OpPrepare)); fault.CodeOf(err) != fault.ResourceExhausted || !strings.Contains(err.Error(), "--max-instances-per-owner") {
 		t.Fatalf("one more instance past the maximum: got %v, want resource-exhausted naming the quota", err)
 	}
 }
