@@ -334,7 +334,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := broker.PushAccount(ctx, system, p.keys.Plane.Public(), plane); err != nil {
+	if _, err := (broker.Account{NC: system, Public: p.keys.Plane.Public()}).PushIfChanged(ctx, plane); err != nil {
 		return fmt.Errorf("plane account exports: %w", err)
 	}
 	// The account JWT that carries the set is pushed to, and read back from, every server in

@@ -144,6 +144,7 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			AccountClaimsUpdate(dataAccount),
 			AccountClaimsUpdate(planeAccount),
 			AccountClaimsLookup(dataAccount),
+			AccountClaimsLookup(planeAccount),
 			AccountConnz(dataAccount),
 			ServerKick("*"),
 			ServerPing,

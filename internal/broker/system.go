@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/subjects"
@@ -141,4 +143,56 @@ func ask(ctx context.Context, nc *nats.Conn, subject string, data []byte, take f
 			return err
 		}
 	}
+}
+
+// PushIfChanged pushes token unless every server's resolver already holds the account with the
+// same claims (its issue time and id aside), and says whether it pushed. A push reconfigures
+// the account on every server, its JetStream imports among them, while its clients use them:
+// nats-server 2.15 races there (its race detector sees Account.enableAllJetStreamService-
+// ImportsAndMappings write what a service import being processed reads), and a restart that
+// changed nothing need not take that chance. Any server it cannot read is pushed to.
+func (a Account) PushIfChanged(ctx context.Context, token string) (bool, error) {
+	if a.holds(ctx, token) {
+		return false, nil
+	}
+	return true, a.Push(ctx, token)
+}
+
+// holds says whether every server's resolver holds the account with token's claims.
+func (a Account) holds(ctx context.Context, token string) bool {
+	want, err := sameClaims(token)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, holdsWithin)
+	defer cancel()
+	n, err := a.Servers(ctx)
+	if err != nil {
+		return false
+	}
+	held, err := a.Lookup(ctx, n)
+	if err != nil {
+		return false
+	}
+	for _, h := range held {
+		if got, err := sameClaims(h); err != nil || got != want {
+			return false
+		}
+	}
+	return true
+}
+
+// holdsWithin bounds the reads of PushIfChanged: past it, it pushes.
+const holdsWithin = 2 * time.Second
+
+// sameClaims is an account JWT's claims without what every signing changes (the issue time,
+// the id), as a string two signings of the same claims agree on.
+func sameClaims(token string) (string, error) {
+	c, err := jwt.DecodeAccountClaims(token)
+	if err != nil {
+		return "", err
+	}
+	c.IssuedAt, c.ID = 0, ""
+	data, err := json.Marshal(c)
+	return string(data), err
 }
