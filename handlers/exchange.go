@@ -50,8 +50,12 @@ type ExchangeReply struct {
 // existence oracle.
 var errAgent = fault.New(fault.Unauthenticated, "agent exchange refused: unknown agent or wrong secret - if this agent should exist, respawn it to rotate its grant")
 
-// errTTL refuses a ttlSec off its range: the exchange's refusal (401), not the body's.
-var errTTL = fault.New(fault.Unauthenticated, "ttlSec: a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
+// errTTL refuses a ttlSec off its range: the body's fault (400), not the token's, charged to
+// the principal the token or secret proved.
+var errTTL = fault.Field("ttlSec", "a bearer lives 1 to %d s", int(bearer.MaxTTL/time.Second))
+
+// errAgentTTL refuses an agent's ttlSec under a second (a longer one is clamped).
+var errAgentTTL = fault.Field("ttlSec", "a bearer lives at least 1 s")
 
 // exchange serves `POST /exchange` (docs/PROTOCOL.md, "The HTTP face"), one of two arms per request:
 //   - human `{idpToken, actor, ttlSec?, view?}`: the IdP token verified, its subject's owner
@@ -154,7 +158,7 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 		ttl := AgentBearerTTL
 		if b.TTLSec != nil {
 			if *b.TTLSec < 1 {
-				return nil, c.About(), errTTL
+				return nil, c.About(), errAgentTTL
 			}
 			ttl = min(ttl, time.Duration(*b.TTLSec)*time.Second)
 		}

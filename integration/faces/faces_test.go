@@ -431,9 +431,9 @@ func TestHumanExchangeBoundsItsBearer(t *testing.T) {
 				status int
 				code   string
 			}{
-				{"ttlSec 901", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": 901}, 401, "unauthenticated"},
-				{"ttlSec 0", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": 0}, 401, "unauthenticated"},
-				{"ttlSec -60", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": -60}, 401, "unauthenticated"},
+				{"ttlSec 901", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": 901}, 400, "bad-request"},
+				{"ttlSec 0", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": 0}, 400, "bad-request"},
+				{"ttlSec -60", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": -60}, 400, "bad-request"},
 				{"ttlSec a string", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": "60"}, 400, "bad-request"},
 				{"ttlSec a fraction", map[string]any{"idpToken": frank, "actor": "cli", "ttlSec": 1.5}, 400, "bad-request"},
 				{"an IdP token with no life left", map[string]any{"idpToken": f.Ip.Token(t, justExpired), "actor": "cli"}, 401, "unauthenticated"},
@@ -518,6 +518,10 @@ func TestAgentExchangeRefreshAndRevoke(t *testing.T) {
 		refused(t, fc.Name+" both idpToken and actorToken", harness.Post(t, fc.Url+"/exchange",
 			map[string]any{"owner": harness.OwnerA, "actor": "worker", "actorToken": secret, "idpToken": f.Token(t, "x", time.Hour)}, fc.Auth...), 400, "bad-request")
 		refused(t, fc.Name+" no owner", harness.Post(t, fc.Url+"/exchange", map[string]any{"actor": "worker", "actorToken": secret}, fc.Auth...), 400, "bad-request")
+		for _, ttl := range []int{0, -60} {
+			refused(t, fmt.Sprintf("%s agent ttlSec %d", fc.Name, ttl), harness.Post(t, fc.Url+"/exchange",
+				map[string]any{"owner": harness.OwnerA, "actor": "worker", "actorToken": secret, "ttlSec": ttl}, fc.Auth...), 400, "bad-request")
+		}
 		// An agent never gets the ops view: the public face refuses any view first.
 		status, code := 400, "bad-request"
 		if fc.Name == "public" {
