@@ -90,11 +90,11 @@ type Config struct {
 	// NewKeysPerOwner bounds the user nkeys one owner claims anew (a registration's, a
 	// re-registration's fresh ones, a run attempt's driver and mediator) over the minted
 	// records' retention (48 h): each claim is for life, and each new key's `minted` record
-	// stays in the stream every tenant shares. In memory: per replica.
+	// stays in the stream every tenant shares. Kept in the store: per space.
 	NewKeysPerOwner int
 	// ReregistrationsPerInstance and ReregistrationsPerOwner bound, an hour, the prepares of an
-	// instance already registered (each advances its epoch, and may bring fresh keys). In
-	// memory: per replica.
+	// instance already registered (each advances its epoch, and may bring fresh keys). Kept in
+	// the store: per space.
 	ReregistrationsPerInstance int
 	ReregistrationsPerOwner    int
 	// MaxSubscriptions and MaxPayload bound every user the plane mints; MaxConnections bounds
@@ -102,14 +102,11 @@ type Config struct {
 	MaxSubscriptions int64
 	MaxPayload       int64
 	MaxConnections   int64
-	// ReservedConnections of MaxConnections are the plane's own (its serving users, two per
-	// replica while one renews): tenants together hold at most MaxConnections less these.
-	// MaxConnectionsPerPrincipal bounds one principal's connections, MaxConnectionsPerOwner
-	// one owner's over all its principals (its instances' duties, runs, people and agents), and
-	// also how many the auth callout lets in for the owner a bearer's life (each a key the
-	// broker chose, with its `minted` record; in memory, per replica).
-	// Each holds per space: every replica sees every server's connect events, refuses a bearer
-	// user past them at the auth callout and kicks a JWT user past them once it has connected.
+	// ReservedConnections of MaxConnections are the plane's own (two per replica): tenants hold
+	// the rest. MaxConnectionsPerPrincipal bounds one principal's connections,
+	// MaxConnectionsPerOwner one owner's over all its principals, and how many the callout lets
+	// in for the owner a bearer's life (each a key the broker chose, with its `minted` record).
+	// Each holds per space (docs/OPERATIONS.md, "Budgets").
 	ReservedConnections        int64
 	MaxConnectionsPerPrincipal int64
 	MaxConnectionsPerOwner     int64

@@ -56,10 +56,15 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	// The callout's users each get a key the broker chose: as many a bearer's life as the
 	// owner may hold connections, so each can connect again with every new bearer.
 	bearerLife := bearer.MaxTTL + bearer.Skew
+	// Every tenant budget but the per-principal rate is a row in the fence bucket, so it holds
+	// per space (docs/OPERATIONS.md, "Budgets").
+	stored := func(name string, perSecond float64, burst int) *budget.Stored {
+		return &budget.Stored{KV: p.stores.Auth, Budget: name, PerSecond: perSecond, Burst: burst, Now: cfg.Now}
+	}
 	newKeys := &issue.KeyBudgets{
-		PerOwner: budget.New(float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner, cfg.Now),
+		PerOwner: stored(budget.NewKeysOwner, float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner),
 		Window:   store.MintedMaxAge, Limit: cfg.NewKeysPerOwner,
-		PerOwnerConnections: budget.New(float64(cfg.MaxConnectionsPerOwner)/bearerLife.Seconds(), int(cfg.MaxConnectionsPerOwner), cfg.Now),
+		PerOwnerConnections: stored(budget.ConnectionKeysOwner, float64(cfg.MaxConnectionsPerOwner)/bearerLife.Seconds(), int(cfg.MaxConnectionsPerOwner)),
 		ConnectionsWindow:   bearerLife, ConnectionsLimit: int(cfg.MaxConnectionsPerOwner),
 	}
 	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, NewKeys: newKeys, Now: cfg.Now, Fenced: p.fenced.Load,
@@ -85,9 +90,8 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 		// A tenth of an hour's budget at once.
 		Reregistrations: &manager.Reregistrations{
-			PerInstance:    budget.PerHour(cfg.ReregistrationsPerInstance, max(cfg.ReregistrationsPerInstance/10, 1), cfg.Now),
-			PerOwner:       budget.PerHour(cfg.ReregistrationsPerOwner, max(cfg.ReregistrationsPerOwner/10, 1), cfg.Now),
-			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner,
+			PerOwner:       stored(budget.ReregistrationsOwner, float64(cfg.ReregistrationsPerOwner)/3600, max(cfg.ReregistrationsPerOwner/10, 1)),
+			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner, Now: cfg.Now,
 		},
 		Records: recorder,
 	}

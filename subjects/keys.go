@@ -71,6 +71,10 @@ func NKeyClaimKey(nkey string) string { return "nkey." + nkey }
 // per-owner quota.
 func InstancesKey(owner string) string { return "instances." + owner }
 
+// BudgetKey is the key of name's stored token bucket of one tenant budget in AuthBucket:
+// `budget.<budget>.<name>` (an owner, an instance id).
+func BudgetKey(budget, name string) string { return "budget." + budget + "." + name }
+
 // ActorKey is the key of a ledger row in ActorsBucket.
 func ActorKey(owner, actor string) string { return "actor." + owner + "." + actor }
 

@@ -31,11 +31,6 @@ func New(perSecond float64, burst int, now func() time.Time) *Buckets {
 	return &Buckets{rate: rate.Limit(perSecond), burst: burst, now: now, buckets: map[string]*rate.Limiter{}}
 }
 
-// PerHour is New for a budget counted an hour at a time.
-func PerHour(n int, burst int, now func() time.Time) *Buckets {
-	return New(float64(n)/3600, burst, now)
-}
-
 // Allow takes one token from name's bucket.
 func (b *Buckets) Allow(name string) bool { return b.Take(name, 1) }
 

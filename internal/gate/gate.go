@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/rows"
@@ -48,6 +49,9 @@ type Row struct {
 	// SupervisedUntil (seconds) is the end of the platform supervisor assignment a supervised
 	// instance was prepared under: every mint for the instance is clamped to it.
 	SupervisedUntil int64 `json:"supervisedUntil,omitempty"`
+	// Reregistrations is the instance's budget of re-registrations
+	// (--reregistrations-per-instance), taken in the registration's own write of the gate.
+	Reregistrations *budget.Bucket `json:"reregistrations,omitempty"`
 }
 
 // Op is the operation that froze or retired a gate.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
@@ -101,13 +102,22 @@ type Plan struct {
 	Request audit.Request
 	Grants  []Grant
 	// Binds are keys the plan claims for its instance without signing them now.
-	Binds   []Key
+	Binds []Key
+	// Spends are tenant budgets the plan spends before it signs, together with its owner's new
+	// keys: all of them, or, when any is spent, none (and nothing is written).
+	Spends  []Spend
 	Ceiling Ceiling
 	Steps   []Step
 	// Hook, when set, runs after the credentials are signed and recorded `minted` and before
 	// the first commit (the supervisor stages its generations here). An error discards the
 	// mint; a *fault.Error is answered as it is.
 	Hook func(ctx context.Context, creds []Credential) error
+}
+
+// Spend is one want of a stored tenant budget, and the refusal when its budget cannot give it.
+type Spend struct {
+	budget.Want
+	Refusal *fault.Error
 }
 
 // Credential is one signed credential.
@@ -221,7 +231,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if plan.Instance.IsServerChosen() {
 		fresh = len(keys) // no instance claims a key the broker chose: each is new
 	}
-	if err := p.NewKeys.take(plan.Instance, fresh); err != nil {
+	if err := p.spend(work, plan, fresh); err != nil {
 		return nil, err
 	}
 
@@ -369,9 +379,10 @@ func release(ctx context.Context, landed []Step, cause error) error {
 
 // KeyBudgets bound how many keys an owner claims anew, and how many it has the broker choose
 // (the auth callout's users, one for each connection): each is one more `minted` record in the
-// stream every tenant shares.
+// stream every tenant shares. Both are kept in the store (budget.Stored): they hold per space,
+// across restarts and replicas, at the cost of a read and a write on a mint that adds keys.
 type KeyBudgets struct {
-	PerOwner *budget.Buckets
+	PerOwner *budget.Stored
 	// Window is what the budget is counted over (the minted records' retention), and Limit
 	// the keys it allows in it, for the refusal.
 	Window time.Duration
@@ -379,26 +390,47 @@ type KeyBudgets struct {
 	// PerOwnerConnections bounds the keys the broker chooses for an owner's connections:
 	// ConnectionsLimit of them a bearer's life (ConnectionsWindow), enough for each connection
 	// the owner may hold to connect again with each new bearer, and no more.
-	PerOwnerConnections *budget.Buckets
+	PerOwnerConnections *budget.Stored
 	ConnectionsWindow   time.Duration
 	ConnectionsLimit    int
 }
 
-// take takes n new keys from the budget of in's owner, and refuses past it.
-func (b *KeyBudgets) take(in claim.Instance, n int) error {
-	if b == nil || n == 0 || in.Owner() == "" {
+// spend takes plan's Spends and fresh new keys of its owner's, all or none, before anything
+// is signed, and refuses with the refusal of the first budget that could not give its share.
+func (p *Pipeline) spend(ctx context.Context, plan Plan, fresh int) error {
+	spends := plan.Spends
+	if keys := p.NewKeys.spend(plan.Instance, fresh); keys.From != nil {
+		spends = append(slices.Clip(spends), keys)
+	}
+	if len(spends) == 0 {
 		return nil
 	}
-	if in.IsServerChosen() {
-		if b.PerOwnerConnections == nil || b.PerOwnerConnections.Take("owner."+in.Owner(), n) {
-			return nil
-		}
-		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ConnectionKeysOwner},
-			"owner %s connected as often as it may for now (--max-connections-per-owner: %d in %s, a bearer's life): retry shortly", in.Owner(), b.ConnectionsLimit, b.ConnectionsWindow)
+	wants := make([]budget.Want, len(spends))
+	for i, s := range spends {
+		wants[i] = s.Want
 	}
-	if !b.PerOwner.Take("owner."+in.Owner(), n) {
-		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
-			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)
+	short, err := budget.TakeAll(ctx, wants...)
+	switch {
+	case err != nil:
+		return fault.Store(err, "reading the %s budget", wants[short].From.Budget)
+	case short >= 0:
+		return spends[short].Refusal
 	}
 	return nil
+}
+
+// spend is the want of n new keys from the budget of in's owner, and its refusal; a want of
+// nothing (From nil) when none is bounded.
+func (b *KeyBudgets) spend(in claim.Instance, n int) Spend {
+	if b == nil || n == 0 || in.Owner() == "" {
+		return Spend{}
+	}
+	if in.IsServerChosen() {
+		return Spend{Want: budget.Want{From: b.PerOwnerConnections, Name: in.Owner(), N: n},
+			Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ConnectionKeysOwner},
+				"owner %s connected as often as it may for now (--max-connections-per-owner: %d in %s, a bearer's life): retry shortly", in.Owner(), b.ConnectionsLimit, b.ConnectionsWindow)}
+	}
+	return Spend{Want: budget.Want{From: b.PerOwner, Name: in.Owner(), N: n},
+		Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
+			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)}
 }

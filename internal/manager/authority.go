@@ -9,7 +9,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -48,31 +47,6 @@ type Engine struct {
 	// Records records the run decisions that mint nothing, admissions and revocations (the
 	// pipeline records the mints); nil records none.
 	Records RunRecords
-}
-
-// Reregistrations bound, an hour, the re-registrations of one instance and of one owner's
-// instances: each advances an epoch and may bring fresh keys, whose claims are for life.
-type Reregistrations struct {
-	PerInstance, PerOwner *budget.Buckets
-	// InstanceHourly and OwnerHourly are the budgets' figures, for the refusal.
-	InstanceHourly, OwnerHourly int
-}
-
-// take takes one re-registration of owner's instance iid from both budgets, and refuses past
-// either (the owner's is taken only once the instance's had room).
-func (r *Reregistrations) take(owner, iid string) error {
-	if r == nil {
-		return nil
-	}
-	if !r.PerInstance.Allow("instance." + iid) {
-		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsInstance},
-			"instance %s was registered again as often as --reregistrations-per-instance allows (%d an hour); retry later", iid, r.InstanceHourly)
-	}
-	if !r.PerOwner.Allow("owner." + owner) {
-		return fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsOwner},
-			"owner %s registered its instances again as often as --reregistrations-per-owner allows (%d an hour); retry later", owner, r.OwnerHourly)
-	}
-	return nil
 }
 
 // RunRecords records a run's admission and its revocation (audit.Writer).
@@ -244,6 +218,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	}
 	var row gate.Row
 	var steps []issue.Step
+	var spends []issue.Spend
 	if g.Absent() {
 		// A new instance: it takes one of its owner's slots, in the same commit as its gate.
 		if err := e.checkQuota(ctx, caller.Owner); err != nil {
@@ -256,13 +231,16 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 			return nil, err
 		}
-		if err := e.Reregistrations.take(caller.Owner, req.InstanceID); err != nil {
+		left, owners, err := e.Reregistrations.take(g.Row.Reregistrations, caller.Owner, req.InstanceID)
+		if err != nil {
 			return nil, err
 		}
+		spends = owners
 		row = g.Row
 		row.ProcessEpoch++
 		row.RegistrationRevision++
 		row.Registration = reg
+		row.Reregistrations = left
 	}
 	if sup != nil {
 		row.SupervisedUntil = sup.Until.Unix()
@@ -270,7 +248,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	// The registration binds all five identities, which later mints sign: the pipeline claims
 	// them for the instance in this commit, before the quota and the gate.
 	steps = append(steps, issue.Replaced(g, row))
-	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, sup,
+	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, spends, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
@@ -341,7 +319,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup,
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, nil, sup,
 		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
@@ -363,7 +341,7 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, sup, duties...)
+	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, nil, sup, duties...)
 }
 
 // mint issues duties of owner's instance through the pipeline, committing with steps (the
@@ -371,7 +349,7 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // (for prepare, the registration it writes). A supervised instance's every credential, and
 // every credential a platform supervisor asks for, is clamped to its assignment's end, and
 // refused once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	if slices.Contains(duties, subjects.DutyServe) {
 		// The serve duty receives its owner's run-starts: the owner's witness captures them
@@ -382,7 +360,7 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps}
+	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends}
 	if req.Operation == OpPrepare {
 		for _, d := range subjects.StandingDuties {
 			nkey, field := identityKey(req.Identities)(d)

@@ -233,3 +233,33 @@ func (e *Engine) live(ctx context.Context, r instances) (instances, error) {
 	}
 	return out, nil
 }
+
+// Reregistrations bound, an hour, the re-registrations of one instance and of one owner's
+// instances: each advances an epoch and may bring fresh keys, whose claims are for life. Both
+// hold per space: an instance's is kept in its gate and taken in the registration's own write
+// of it (no store work of its own); an owner's is a stored budget the pipeline takes with the
+// registration's new keys, all or none.
+type Reregistrations struct {
+	PerOwner *budget.Stored
+	// InstanceHourly is the instance's budget an hour, a tenth of it at once; OwnerHourly is
+	// PerOwner's figure, for the refusal.
+	InstanceHourly, OwnerHourly int
+	Now                         func() time.Time
+}
+
+// take takes one re-registration of owner's instance iid, whose gate holds its budget b: the
+// instance's budget left, to write in the gate, and the owner's share for the pipeline to
+// spend. Past the instance's budget it refuses, and nothing is taken.
+func (r *Reregistrations) take(b *budget.Bucket, owner, iid string) (*budget.Bucket, []issue.Spend, error) {
+	if r == nil {
+		return b, nil, nil
+	}
+	left, ok := b.Take(r.Now(), float64(r.InstanceHourly)/3600, max(r.InstanceHourly/10, 1), 1)
+	if !ok {
+		return nil, nil, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsInstance},
+			"instance %s was registered again as often as --reregistrations-per-instance allows (%d an hour); retry later", iid, r.InstanceHourly)
+	}
+	return &left, []issue.Spend{{Want: budget.Want{From: r.PerOwner, Name: owner, N: 1},
+		Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsOwner},
+			"owner %s registered its instances again as often as --reregistrations-per-owner allows (%d an hour); retry later", owner, r.OwnerHourly)}}, nil
+}

@@ -247,13 +247,14 @@ func (w *world) newPlane() (*plane, error) {
 		Space: testSpace, Account: w.account,
 		Gates: fence.Group(w.gates), Ledger: w.actors, Admissions: w.admissions, Statuses: w.statuses, Witness: witnessAll{},
 		Pipeline: &issue.Pipeline{Issuer: iss, Audit: recorder, Claims: claims, Now: time.Now, BeforeCommit: w.wait,
-			NewKeys: &issue.KeyBudgets{PerOwner: budget.New(float64(newKeys)/store.MintedMaxAge.Seconds(), newKeys, time.Now),
+			NewKeys: &issue.KeyBudgets{PerOwner: &budget.Stored{KV: w.gates, Budget: budget.NewKeysOwner,
+				PerSecond: float64(newKeys) / store.MintedMaxAge.Seconds(), Burst: newKeys, Now: time.Now},
 				Window: store.MintedMaxAge, Limit: newKeys}},
 		ProofKey:    w.proofKey,
 		StandingTTL: w.cfg.standingTTL, MaxInstancesPerOwner: w.cfg.quota,
 		Reregistrations: &manager.Reregistrations{
-			PerInstance: budget.PerHour(60, 6, time.Now), PerOwner: budget.PerHour(600, 60, time.Now),
-			InstanceHourly: 60, OwnerHourly: 600,
+			PerOwner:       &budget.Stored{KV: w.gates, Budget: budget.ReregistrationsOwner, PerSecond: 600.0 / 3600, Burst: 60, Now: time.Now},
+			InstanceHourly: 60, OwnerHourly: 600, Now: time.Now,
 		},
 	}
 	sup := &supervisor.Supervisor{
