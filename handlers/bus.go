@@ -48,7 +48,8 @@ type Counters struct {
 	// Dropped counts requests answered with nothing because their reply subject was not the
 	// caller's inbox (or their subject named no principal).
 	Dropped uint64 `json:"dropped"`
-	// Throttled counts requests refused by the per-principal rate limit (in Errors too).
+	// Throttled counts requests refused by the per-principal rate limit or by their owner's
+	// requests under way on the endpoint (Guard.Enter); in Errors too.
 	Throttled uint64 `json:"throttled"`
 }
 
@@ -66,6 +67,16 @@ func Stats(e *micro.Endpoint) any {
 // CountsNote is the service's metadata "counts", which `nats micro info` shows above micro's
 // figures: what they count, and where the answers are counted.
 const CountsNote = "micro: requests and their hand-off; data: the answers, refusals included"
+
+// PendingMsgs and PendingBytes bound what each endpoint holds delivered and not yet handed to
+// its pool (the handler waits for a slot while the pool is full). Past them the client library
+// drops the request (the caller times out; micro counts it in the endpoint's num_errors as a
+// slow consumer) instead of buffering a flood until the broker cuts the serving connection: a
+// serving connection holds at most 5 × PendingBytes of requests.
+const (
+	PendingMsgs  = 1024
+	PendingBytes = 8 << 20
+)
 
 // Served is what one Register added: the service instance, and each endpoint's pool.
 type Served struct {
@@ -98,8 +109,8 @@ func (s *Served) Stop(by time.Time) error {
 // queue group, so `nats micro stats` shows one row per endpoint and replica. micro hands an
 // endpoint's requests to its handler one at a time; a request mostly waits on the stores, so
 // the handler hands it to the endpoint's pool, which answers at most inFlight at once (past
-// them the handler waits for a slot, and the broker's pending messages hold the rest), and
-// returns. Each endpoint has its own pool: a slow one (supervisor-end waits on the revocation
+// them the handler waits for a slot, and the connection holds the rest, up to PendingMsgs and
+// PendingBytes), and returns. Each endpoint has its own pool: a slow one (supervisor-end waits on the revocation
 // set's round) never holds up another.
 func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, inFlight int) (*Served, error) {
 	served := &Served{}
@@ -122,7 +133,8 @@ func (b *Bus) Register(nc *nats.Conn, cfg micro.Config, fns map[string]Func, inF
 		}
 		h := &endpoint{bus: b, name: name, fn: fn, pool: newPool(nc, max(inFlight, 1))}
 		served.pools = append(served.pools, h.pool)
-		if err := group.AddEndpoint(name, h, micro.WithEndpointSubject(subjects.EndpointPattern(name))); err != nil {
+		if err := group.AddEndpoint(name, h, micro.WithEndpointSubject(subjects.EndpointPattern(name)),
+			micro.WithEndpointPendingLimits(PendingMsgs, PendingBytes)); err != nil {
 			return served, fmt.Errorf("register endpoint %s: %w", name, err)
 		}
 	}
@@ -140,8 +152,8 @@ type endpoint struct {
 	throttled atomic.Uint64
 }
 
-// Handle takes one request: on a goroutine of the pool once a slot is free, or on the handler
-// once the service stopped. Either way the answer is published on the connection and counted
+// Handle takes one request: the guard's Enter on the handler, then the answer on a goroutine of
+// the pool once a slot is free, or on the handler once the service stopped. Either way the answer is published on the connection and counted
 // in the endpoint's data.
 func (h *endpoint) Handle(req micro.Request) {
 	b := h.bus
@@ -157,22 +169,36 @@ func (h *endpoint) Handle(req micro.Request) {
 	call := Call{Endpoint: name, Owner: owner, Actor: actor, Body: req.Data(), Deadline: time.Now().Add(b.Timeout)}
 	p := h.pool
 	a := p.answerTo(req, &h.answers)
+	// The guard's cheap checks come first, on micro's goroutine: a flood past them is answered
+	// here, before it waits for a slot of the pool or does any store work.
+	leave, refusal := b.Guard.Enter(call)
+	if refusal != nil {
+		defer a.done()
+		h.answer(a, nil, refusal)
+		return
+	}
 	if p.take() {
 		go func() {
 			defer p.give()
 			defer a.done()
+			defer leave()
 			h.serve(a, call)
 		}()
 		return
 	}
 	defer a.done()
+	defer leave()
 	h.serve(a, call)
 }
 
-// serve answers call on req.
+// serve answers call, which the guard let in, on req.
 func (h *endpoint) serve(req micro.Request, call Call) {
-	b := h.bus
-	reply, refusal := b.Guard.Serve(call, h.fn)
+	reply, refusal := h.bus.Guard.Run(call, h.fn)
+	h.answer(req, reply, refusal)
+}
+
+// answer sends reply, or refusal when it is not nil, on req.
+func (h *endpoint) answer(req micro.Request, reply any, refusal *fault.Error) {
 	var err error
 	if refusal != nil {
 		if errors.Is(refusal, ErrThrottled) {
@@ -186,7 +212,7 @@ func (h *endpoint) serve(req micro.Request, call Call) {
 		}
 	}
 	if err != nil {
-		b.Log.Warn("reply not sent", "endpoint", h.name, "err", err)
+		h.bus.Log.Warn("reply not sent", "endpoint", h.name, "err", err)
 	}
 }
 

@@ -3,6 +3,8 @@ package handlers
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
@@ -46,18 +48,29 @@ func Unimplemented(endpoint string) Func {
 	}
 }
 
+// DefaultOwnerInFlight is how many requests of one endpoint one owner may have under way at
+// once in one process unless --owner-in-flight says otherwise: a quarter of the answers each
+// endpoint's pool holds at once on a 2-CPU replica (--workers), so an owner's flood of an
+// endpoint leaves the rest of its pool to the other owners.
+const DefaultOwnerInFlight = 8
+
 // Refusals records refused calls.
 type Refusals interface {
 	Refused(ctx context.Context, req audit.Request, refusal *fault.Error)
 }
 
 // Guard is what every call passes, whatever carried it (the bus, the HTTP face, the auth
-// callout): a valid principal, the per-principal rate limit, the deadline, the plane's own
-// fence, and the refusal record. Decisions are recorded in two places only: the guard records
-// `refused`; the issuance pipeline records `minted` and `discarded`.
+// callout): a valid principal, the per-principal rate limit, its owner's calls under way on the
+// endpoint, the deadline, the plane's own fence, and the refusal record. Decisions are recorded
+// in two places only: the guard records `refused`; the issuance pipeline records `minted` and
+// `discarded`.
 type Guard struct {
 	Limiter *budget.Buckets
-	Audit   Refusals
+	// OwnerInFlight bounds each owner's calls under way at once on each endpoint, in this
+	// process (0: unbounded), so a flood by one owner holds at most that many of the service
+	// instances and the detached slots; the callout's decisions are bounded by its own queue.
+	OwnerInFlight int
+	Audit         Refusals
 	// Fenced reports that the plane has been fenced by a newer registration: it answers
 	// `unavailable` from then on, in flight too. Nil: never.
 	Fenced func() bool
@@ -70,6 +83,9 @@ type Guard struct {
 	Unsynced func() bool
 	// Metrics counts every call and its latency; nil counts nothing.
 	Metrics *metrics.Metrics
+
+	once     sync.Once
+	inFlight *slots // per endpoint and owner
 }
 
 func (g *Guard) fenced() bool { return g.Fenced != nil && g.Fenced() }
@@ -98,15 +114,27 @@ var errDraining = fault.New(fault.Unavailable, "this authority plane is stopping
 // errUnsynced answers a call while a server of the broker does not sync every write.
 var errUnsynced = fault.New(fault.Unavailable, "this authority plane is unavailable: a server of its broker does not sync every write to disk; retry later")
 
-// Serve runs fn for c if c passes every check, and returns the reply or the refusal. In
-// order: c names a valid principal (bad-request otherwise); the principal is within its rate
-// (resource-exhausted wrapping ErrThrottled, not recorded); the plane is not fenced, stopping,
-// or on a server that does not sync every write (unavailable); then fn, whose work must end a tenth of the time before c's deadline so the
-// refusal record still fits in it. Every refusal past the rate limit is recorded. Anything
-// answered while the plane was being fenced is answered `unavailable` (docs/OPERATIONS.md, "What it runs": the plane's own instance): a refusal
-// keeps its own code in its record, and a mint that committed just then was withheld and
-// recorded `discarded` by the pipeline.
+// ErrOwnerBusy is in the chain of a refusal of a call whose owner has OwnerInFlight calls of
+// the endpoint under way: counted with the throttled, not recorded.
+var ErrOwnerBusy = fmt.Errorf("the owner's calls under way: %w", ErrThrottled)
+
+// Serve runs fn for c if c passes every check (Enter, then Run), and returns the reply or the
+// refusal.
 func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
+	leave, refusal := g.Enter(c)
+	if refusal != nil {
+		return nil, refusal
+	}
+	defer leave()
+	return g.Run(c, fn)
+}
+
+// Enter admits c, or refuses it before any store work: c names a valid principal
+// (bad-request otherwise); the principal is within its rate (resource-exhausted wrapping
+// ErrThrottled); its owner has fewer than OwnerInFlight calls of the endpoint under way
+// (resource-exhausted wrapping ErrOwnerBusy). Neither refusal is recorded, so a flood costs no
+// write. leave ends the call's stay: it must be called once c's work is done.
+func (g *Guard) Enter(c Call) (leave func(), refusal *fault.Error) {
 	if !subjects.ValidOwner(c.Owner) || !subjects.ValidActor(c.Actor) {
 		g.Metrics.Refused(c.Endpoint, string(fault.BadRequest))
 		return nil, fault.New(fault.BadRequest, "the request names no valid principal")
@@ -115,6 +143,29 @@ func (g *Guard) Serve(c Call, fn Func) (reply any, refusal *fault.Error) {
 		g.Metrics.Refused(c.Endpoint, string(fault.ResourceExhausted))
 		return nil, fault.Wrap(fault.ResourceExhausted, ErrThrottled, "too many requests from %s; slow down", c.Principal())
 	}
+	if g.OwnerInFlight <= 0 || c.Endpoint == EndpointCallout {
+		return func() {}, nil
+	}
+	g.once.Do(func() { g.inFlight = newSlots(g.OwnerInFlight) })
+	key := c.Endpoint + " " + c.Owner
+	if !g.inFlight.take(key) {
+		g.Metrics.Refused(c.Endpoint, string(fault.ResourceExhausted))
+		g.Metrics.TenantBudgetRefused(budget.OwnerInFlight)
+		return nil, fault.Wrap(fault.ResourceExhausted, ErrOwnerBusy, "owner %s has %d %s requests under way, the most it may at once (--owner-in-flight); retry shortly", c.Owner, g.OwnerInFlight, c.Endpoint)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { g.inFlight.give(key) }) }, nil
+}
+
+// Run runs fn for c, which Enter admitted, and returns the reply or the refusal: unavailable
+// when the plane is fenced, stopping, or on a server that does not sync every write; otherwise
+// fn, whose work must end a tenth of the time
+// before c's deadline so the refusal record still fits in it. Every refusal is recorded.
+// Anything answered while the plane was being fenced is answered `unavailable`
+// (docs/OPERATIONS.md, "What it runs": the plane's own instance): a refusal keeps its own code
+// in its record, and a mint that committed just then was withheld and recorded `discarded` by
+// the pipeline.
+func (g *Guard) Run(c Call, fn Func) (reply any, refusal *fault.Error) {
 	start := time.Now()
 	about := c.About()
 	defer func() {

@@ -301,3 +301,48 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 		t.Fatalf("got %+v, want the unknown kind kept out of the record", got)
 	}
 }
+
+// An owner holds at most OwnerInFlight calls of one endpoint at once: past it a call is
+// refused resource-exhausted before its work runs, counted with the throttled and not
+// recorded; another owner, another endpoint and the callout are not held back, and a call that
+// leaves gives its slot back (once, however often leave is called).
+func TestAnOwnersCallsUnderWayAreBoundedPerEndpoint(t *testing.T) {
+	e := newGuardEnv(0, 0)
+	e.g.OwnerInFlight = 2
+	var leaves []func()
+	for i := range 2 {
+		leave, refusal := e.g.Enter(call("cli", "{}"))
+		if refusal != nil {
+			t.Fatalf("call %d of 2: %v", i+1, refusal)
+		}
+		leaves = append(leaves, leave)
+	}
+	_, refusal := e.g.Enter(call("other", "{}"))
+	if refusal == nil || refusal.Code != fault.ResourceExhausted || !errors.Is(refusal, ErrOwnerBusy) || !errors.Is(refusal, ErrThrottled) ||
+		!strings.Contains(refusal.Message, "--owner-in-flight") {
+		t.Fatalf("a third call of the owner, another principal's: got %v, want resource-exhausted naming --owner-in-flight", refusal)
+	}
+	others := []Call{
+		{Endpoint: subjects.EndpointManagerAuthority, Owner: "u_bbbbbbbbbbbbbbbbbbbbbbbbbb", Actor: "cli"},
+		{Endpoint: subjects.EndpointSupervisorEnd, Owner: owner, Actor: "cli"},
+		{Endpoint: EndpointCallout, Owner: owner, Actor: "cli"},
+		{Endpoint: EndpointCallout, Owner: owner, Actor: "cli"},
+		{Endpoint: EndpointCallout, Owner: owner, Actor: "cli"},
+	}
+	for _, c := range others {
+		if _, refusal := e.g.Enter(c); refusal != nil {
+			t.Errorf("%s of %s while the owner holds its manager-authority slots: %v", c.Endpoint, c.Owner, refusal)
+		}
+	}
+	leaves[0]()
+	leaves[0]()
+	if _, refusal := e.g.Enter(call("cli", "{}")); refusal != nil {
+		t.Fatalf("after one call left: %v", refusal)
+	}
+	if _, refusal := e.g.Enter(call("cli", "{}")); refusal == nil {
+		t.Fatal("a leave called twice gave back two slots")
+	}
+	if got := e.refused(t); len(got) != 0 {
+		t.Errorf("refusals past --owner-in-flight were recorded: %v", got)
+	}
+}

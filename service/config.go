@@ -73,9 +73,11 @@ type Config struct {
 	// Workers is how many requests each endpoint answers at once: the bound of its pool behind
 	// the one micro service instance (micro hands an endpoint's requests over one at a time).
 	Workers int
-	// Rate and Burst are the per-principal token bucket (Rate 0 disables it).
-	Rate  float64
-	Burst int
+	// Rate and Burst are the per-principal token bucket (Rate 0 disables it); OwnerInFlight
+	// bounds an owner's requests under way on each endpoint (0: unbounded). Both per replica.
+	Rate          float64
+	Burst         int
+	OwnerInFlight int
 	// RequestTimeout bounds every request, retries included.
 	RequestTimeout time.Duration
 
@@ -193,6 +195,7 @@ func Defaults() Config {
 		Workers:                    DefaultWorkersPerCPU * runtime.GOMAXPROCS(0),
 		Rate:                       100,
 		Burst:                      200,
+		OwnerInFlight:              handlers.DefaultOwnerInFlight,
 		RequestTimeout:             5 * time.Second,
 		PlaneUserTTL:               time.Hour,
 		StandingTTL:                24 * time.Hour,
@@ -266,6 +269,9 @@ func (c Config) Validate() error {
 	}
 	if c.Burst < 1 || c.Burst > 1_000_000 {
 		bad("--burst %d: want 1 to 1000000", c.Burst)
+	}
+	if c.OwnerInFlight < 0 || c.OwnerInFlight > 1_000_000 {
+		bad("--owner-in-flight %d: want 0 (no limit) to 1000000", c.OwnerInFlight)
 	}
 	if c.RequestTimeout < 100*time.Millisecond || c.RequestTimeout > time.Minute {
 		bad("--request-timeout %s: want 100ms to 1m", c.RequestTimeout)

@@ -40,6 +40,7 @@ func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.
 func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
 	var lost atomic.Bool
+	var slow atomic.Uint64
 	opts := []nats.Option{auth}
 	if p.inProcess != nil {
 		opts = append(opts, p.inProcess)
@@ -69,6 +70,15 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 			subj := ""
 			if sub != nil {
 				subj = sub.Subject
+			}
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				// Requests past an endpoint's pending limits are dropped, not buffered
+				// (handlers.PendingMsgs): logged on the 1st, 2nd, 4th, 8th… spell, as a flood
+				// may start one a second on every endpoint.
+				if n := slow.Add(1); logs.Sparse(n) {
+					log.Warn("requests dropped: they arrive faster than the plane takes them", "subject", subj, "spells", n)
+				}
+				return
 			}
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),

@@ -115,7 +115,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), Audit: recorder, Fenced: p.fenced.Load,
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), OwnerInFlight: cfg.OwnerInFlight, Audit: recorder, Fenced: p.fenced.Load,
 		Draining: p.draining.Load, Unsynced: func() bool { return p.unsyncedRefused() != "" }, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),

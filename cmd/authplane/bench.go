@@ -104,7 +104,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
 	// The bench measures the plane, not a tenant's budgets: one owner drives it all.
-	cfg.Rate = 0
+	cfg.Rate, cfg.OwnerInFlight = 0, 0
 	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
 	cfg.NewKeysPerOwner = 10_000_000
 	cfg.MaxConnectionsPerOwner = cfg.MaxConnections - cfg.ReservedConnections

@@ -78,7 +78,9 @@ const (
 	ConnectionKeysOwner = "connection_keys_owner"
 	// PendingRegistrations: an owner's first registrations in flight at once.
 	PendingRegistrations = "pending_registrations"
+	// OwnerInFlight: an owner's calls of one endpoint under way at once in one process.
+	OwnerInFlight = "owner_in_flight"
 )
 
 // Names are every tenant budget of this package's refusals, for metrics that start at 0.
-var Names = []string{ReregistrationsInstance, ReregistrationsOwner, NewKeysOwner, ConnectionKeysOwner, PendingRegistrations}
+var Names = []string{ReregistrationsInstance, ReregistrationsOwner, NewKeysOwner, ConnectionKeysOwner, PendingRegistrations, OwnerInFlight}

@@ -66,11 +66,11 @@ func PlaneConfig(t testing.TB) service.Config {
 	return cfg
 }
 
-// Unbudgeted lifts c's per-tenant rate budgets (the per-principal rate, re-registrations, new
-// keys) to their maxima: for the races and loads that drive one tenant harder than a tenant's
-// budget allows, to test fences, not budgets.
+// Unbudgeted lifts c's per-tenant rate budgets (the per-principal rate, the owner's requests
+// under way, re-registrations, new keys) to their maxima: for the races and loads that drive
+// one tenant harder than a tenant's budget allows, to test fences, not budgets.
 func Unbudgeted(c *service.Config) {
-	c.Rate = 0
+	c.Rate, c.OwnerInFlight = 0, 0
 	c.ReregistrationsPerInstance, c.ReregistrationsPerOwner = 1_000_000, 1_000_000
 	c.NewKeysPerOwner = 10_000_000
 }
