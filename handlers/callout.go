@@ -210,7 +210,8 @@ func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestCla
 
 // Admitter holds connections to their budgets (conns.Ledger): Admit takes a slot for a
 // connection of principal about to be let in, or refuses it (an error that errors.Is one of
-// the budget's sentinels, conns.ErrPrincipalFull, conns.ErrOwnerFull or conns.ErrTenantsFull).
+// the budget's sentinels, conns.ErrPrincipalFull, conns.ErrOwnerFull, conns.ErrTenantsFull or
+// conns.ErrBackingOff).
 type Admitter interface {
 	Admit(principal string) (release func(), err error)
 }
@@ -230,6 +231,9 @@ func (c *Callout) admit(owner, principal string) (release func(), err error) {
 	case errors.Is(err, conns.ErrOwnerFull):
 		c.refused(conns.BudgetOwner)
 		return nil, fault.New(fault.ResourceExhausted, "owner %s: %s; close one first", owner, err)
+	case errors.Is(err, conns.ErrBackingOff):
+		c.refused(conns.BudgetBackoff)
+		return nil, fault.New(fault.ResourceExhausted, "%s: %s; retry in a few seconds", principal, err)
 	case errors.Is(err, conns.ErrTenantsFull):
 		c.refused(conns.BudgetTenants)
 		return nil, fault.New(fault.ResourceExhausted, "%s; retry later", err)

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/broker"
@@ -17,7 +18,13 @@ import (
 const ReconcileEvery = time.Minute
 
 // kickQueue bounds the kicks waiting to be sent; past it a kick waits for the next listing.
-const kickQueue = 4096
+// kickSenders send them, each one kick at a time (a round trip to the connection's server): a
+// connection past its budget lives until its kick lands, and a client that reconnects as soon
+// as it is kicked keeps as many alive as kicks wait, so one sender fell behind such churn.
+const (
+	kickQueue   = 4096
+	kickSenders = 8
+)
 
 // watchConnections keeps the data account's connections to their budgets (internal/conns) as
 // the plane's system user: it counts them from every server's connect and disconnect events,
@@ -30,6 +37,7 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 		PerOwner:     int(cfg.MaxConnectionsPerOwner),
 		Tenants:      int(cfg.MaxConnections - cfg.ReservedConnections),
 		Reserved:     int(cfg.ReservedConnections),
+		Backoff:      conns.DefaultBackoff,
 	}, cfg.Now)
 	p.metrics.Connections(func() (int, int) { c := p.conns.Counts(); return c.Tenants, c.Plane })
 	acct := p.dataAccount
@@ -53,20 +61,22 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 		p.kick(ctx, acct, k)
 	}
 
-	stop, done := make(chan struct{}), make(chan struct{})
-	p.bg.Go(func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case k := <-queue:
-				kctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
-				p.kick(kctx, acct, k)
-				cancel()
+	stop := make(chan struct{})
+	var kickers sync.WaitGroup
+	for range kickSenders {
+		kickers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case k := <-queue:
+					kctx, cancel := context.WithTimeout(context.Background(), cfg.RequestTimeout)
+					p.kick(kctx, acct, k)
+					cancel()
+				}
 			}
-		}
-	})
+		})
+	}
 	p.bg.Go(func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()
@@ -82,7 +92,7 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 			cancel()
 		}
 	})
-	p.onClose("stop keeping the connection budgets", func() error { close(stop); <-done; return nil })
+	p.onClose("stop keeping the connection budgets", func() error { close(stop); kickers.Wait(); return nil })
 	return nil
 }
 

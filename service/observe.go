@@ -43,7 +43,7 @@ func series() metrics.Series {
 		DiscardCodes: []string{string(fault.Conflict), string(fault.FailedPrecondition), string(fault.ResourceExhausted),
 			string(fault.Internal), string(fault.Unavailable), string(fault.PermissionDenied), string(fault.AlreadyExists)},
 		Conns:             connRoles,
-		ConnectionBudgets: []string{conns.BudgetPrincipal, conns.BudgetOwner, conns.BudgetTenants},
+		ConnectionBudgets: []string{conns.BudgetPrincipal, conns.BudgetOwner, conns.BudgetTenants, conns.BudgetBackoff},
 		Decisions: []string{audit.Refused, audit.Discarded, audit.Admitted, audit.Revoked, audit.Assigned, audit.Ended,
 			audit.Exchanged},
 	}

@@ -10,7 +10,6 @@ package conns
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -20,11 +19,13 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// The budgets a refusal or a kick names, as the metrics label them.
+// The budgets a refusal or a kick names, as the metrics label them. BudgetBackoff is a
+// connection of a principal or an owner still in its back-off after a kick past its cap.
 const (
 	BudgetPrincipal = "principal"
 	BudgetOwner     = "owner"
 	BudgetTenants   = "tenants"
+	BudgetBackoff   = "backoff"
 )
 
 // Refusals of Admit. Test them with errors.Is.
@@ -32,6 +33,7 @@ var (
 	ErrPrincipalFull = errors.New("the principal's connection cap is reached")
 	ErrOwnerFull     = errors.New("the owner's connection cap is reached")
 	ErrTenantsFull   = errors.New("the tenants' share of the data account's connections is reached")
+	ErrBackingOff    = errors.New("it was kicked past its connection cap a moment ago, and waits out its back-off")
 )
 
 // Budgets are what the ledger holds the connections to.
@@ -46,7 +48,16 @@ type Budgets struct {
 	Tenants int
 	// Reserved is the plane's reserve, only to say when its own connections outgrow it.
 	Reserved int
+	// Backoff is how long a principal kicked past its cap, or an owner past its own, is kept
+	// out: the callout refuses it and each new connection of it is kicked, so one that
+	// reconnects as soon as it is kicked does not churn through the account's connections.
+	Backoff time.Duration
 }
+
+// DefaultBackoff is the Backoff of the plane's ledger: longer than the 2 s a client of the
+// default nats.go options waits before it reconnects, so a client that reconnects at once is
+// kept out, and short enough that one that trimmed its connections is back soon.
+const DefaultBackoff = 10 * time.Second
 
 // PendingFor is how long a slot Admit gave waits for its connection: the broker waits 2 s
 // for the callout's answer, and the connection registers as the answer arrives.
@@ -89,13 +100,6 @@ func ownerOf(principal string) string {
 	return owner
 }
 
-// pending is a slot Admit gave a bearer user that has not connected yet.
-type pending struct {
-	principal string
-	until     time.Time
-	done      bool
-}
-
 // Ledger is the data account's connections as the plane knows them. It is safe for concurrent
 // use; Admit, on the callout's path, costs a few map operations.
 type Ledger struct {
@@ -114,6 +118,8 @@ type Ledger struct {
 	overReserve  bool
 	// gone are the disconnects heard, so a listing taken before one does not bring it back.
 	gone map[key]time.Time
+	// backoff holds, by principal or owner (an owner has no dot), when its back-off ends.
+	backoff map[string]time.Time
 	// pending, oldest first (every slot waits PendingFor), and per principal.
 	pending      []*pending
 	pendingOf    map[string][]*pending
@@ -127,83 +133,14 @@ func New(b Budgets, now func() time.Time) *Ledger {
 		b.PerOwner = b.Tenants
 	}
 	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, owners: map[string]*owned{},
-		plane: map[key]time.Time{}, gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}, pendingOwner: map[string]int{}}
+		plane: map[key]time.Time{}, gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}, pendingOwner: map[string]int{},
+		backoff: map[string]time.Time{}}
 }
 
 // Kick is a connection to close and the budget it is past.
 type Kick struct {
 	broker.Connection
 	Budget string
-}
-
-// Admit takes a slot for a connection of principal that the auth callout is about to let in,
-// or refuses it past any of its budgets. The slot is the principal's until its connect event
-// arrives or PendingFor has passed; release gives it back at once, for an answer that was not
-// sent.
-func (l *Ledger) Admit(principal string) (release func(), err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	l.expire(now)
-	owner := ownerOf(principal)
-	held, heldByOwner := len(l.pendingOf[principal]), l.pendingOwner[owner]
-	if h := l.holders[principal]; h != nil {
-		held += h.live
-	}
-	if o := l.owners[owner]; o != nil {
-		heldByOwner += o.capped
-	}
-	switch {
-	case held >= l.budgets.PerPrincipal:
-		return nil, fmt.Errorf("%w (%d of %d)", ErrPrincipalFull, held, l.budgets.PerPrincipal)
-	case heldByOwner >= l.budgets.PerOwner:
-		return nil, fmt.Errorf("%w (%d of %d)", ErrOwnerFull, heldByOwner, l.budgets.PerOwner)
-	case l.capped+l.nPending >= l.budgets.Tenants:
-		return nil, fmt.Errorf("%w (%d)", ErrTenantsFull, l.budgets.Tenants)
-	}
-	p := &pending{principal: principal, until: now.Add(PendingFor)}
-	l.pending = append(l.pending, p)
-	l.pendingOf[principal] = append(l.pendingOf[principal], p)
-	l.pendingOwner[owner]++
-	l.nPending++
-	return func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.settle(p)
-	}, nil
-}
-
-// settle ends a pending slot: it connected, expired or was given back.
-func (l *Ledger) settle(p *pending) {
-	if p.done {
-		return
-	}
-	p.done = true
-	l.nPending--
-	if owner := ownerOf(p.principal); l.pendingOwner[owner] <= 1 {
-		delete(l.pendingOwner, owner)
-	} else {
-		l.pendingOwner[owner]--
-	}
-	q := slices.DeleteFunc(l.pendingOf[p.principal], func(x *pending) bool { return x == p })
-	if len(q) == 0 {
-		delete(l.pendingOf, p.principal)
-	} else {
-		l.pendingOf[p.principal] = q
-	}
-}
-
-// expire ends the pending slots whose time has passed, and drops settled ones from the queue.
-func (l *Ledger) expire(now time.Time) {
-	i := 0
-	for ; i < len(l.pending); i++ {
-		p := l.pending[i]
-		if !p.done && now.Before(p.until) {
-			break
-		}
-		l.settle(p)
-	}
-	l.pending = l.pending[i:]
 }
 
 // setKicked marks c kicked or live again, keeping the counts.
@@ -251,6 +188,10 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 		return nil
 	}
 	l.connectedSlot(c)
+	if l.backingOff(c.Principal, now) {
+		l.setKicked(l.conns[k], true)
+		return []Kick{{c, BudgetBackoff}}
+	}
 	kicks := l.enforce(c.Principal)
 	kicks = append(kicks, l.enforceOwner(l.holders[c.Principal].owner)...)
 	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
@@ -258,17 +199,6 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 		kicks = append(kicks, Kick{c, BudgetTenants})
 	}
 	return kicks
-}
-
-// connectedSlot ends the slot Admit gave c, a tenant's connection now counted, if the auth
-// callout let it in: on whichever replica that was, the principal's oldest slot is this one's.
-func (l *Ledger) connectedSlot(c broker.Connection) {
-	if !c.Callout {
-		return
-	}
-	if q := l.pendingOf[c.Principal]; len(q) > 0 {
-		l.settle(q[0])
-	}
 }
 
 // add records c, seen at now, and reports whether it is a tenant's (not the plane's own).
@@ -331,6 +261,9 @@ func (l *Ledger) enforce(principal string) []Kick {
 			kicks = append(kicks, Kick{c.Connection, BudgetPrincipal})
 		}
 	}
+	if len(kicks) > 0 {
+		l.backOff(principal)
+	}
 	return kicks
 }
 
@@ -348,7 +281,28 @@ func (l *Ledger) enforceOwner(o *owned) []Kick {
 			}
 		}
 	}
+	l.backOff(o.name)
 	return l.kickNewest(live, func() bool { return o.capped > l.budgets.PerOwner }, BudgetOwner)
+}
+
+// backOff starts the back-off of name, a principal or an owner, from now.
+func (l *Ledger) backOff(name string) {
+	if l.budgets.Backoff > 0 {
+		l.backoff[name] = l.now().Add(l.budgets.Backoff)
+	}
+}
+
+// backingOff reports whether principal, or its owner, is in its back-off at now.
+func (l *Ledger) backingOff(principal string, now time.Time) bool {
+	for _, name := range []string{principal, ownerOf(principal)} {
+		if until, ok := l.backoff[name]; ok {
+			if now.Before(until) {
+				return true
+			}
+			delete(l.backoff, name)
+		}
+	}
+	return false
 }
 
 // kickNewest marks kicked, and returns, the newest of live while over says they are past
@@ -417,6 +371,11 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 			l.remove(k)
 		case in[k] && c.kicked && c.kickedAt.Before(asked):
 			l.setKicked(c, false)
+		}
+	}
+	for name, until := range l.backoff {
+		if !now.Before(until) {
+			delete(l.backoff, name)
 		}
 	}
 	// A disconnect heard before this listing was asked for is reflected in it.

@@ -265,3 +265,63 @@ func BenchmarkAdmitConnectDisconnect(b *testing.B) {
 		l.Disconnected("s1", cid)
 	}
 }
+
+// A principal kicked past its cap, or an owner past its own, is kept out for its back-off: the
+// callout refuses it and each new connection of it is kicked, even one within its cap; another
+// principal of the owner (for a principal's back-off) and another owner are not; once the
+// back-off is over it is admitted again.
+func TestAConnectionKickedPastItsCapBacksOffItsPrincipalOrOwner(t *testing.T) {
+	c := &clock{now: t0}
+	l := New(Budgets{PerPrincipal: 2, PerOwner: 3, Tenants: 20, Reserved: 2, Backoff: 10 * time.Second}, c.Now)
+	admit := func(p string) error {
+		release, err := l.Admit(p)
+		if err == nil {
+			release()
+		}
+		return err
+	}
+	l.Connected(jwtConn("o.a", 1))
+	l.Connected(jwtConn("o.a", 2))
+	if got := cids(l.Connected(jwtConn("o.a", 3))); !slices.Equal(got, []string{"o.a#3:principal"}) {
+		t.Fatalf("past the principal's cap: got kicks %v", got)
+	}
+	l.Disconnected("s1", 2) // back within its cap, and still backing off
+	if got := cids(l.Connected(jwtConn("o.a", 4))); !slices.Equal(got, []string{"o.a#4:backoff"}) {
+		t.Fatalf("a connection within the cap during the back-off: got kicks %v, want it kicked", got)
+	}
+	if err := admit("o.a"); !errors.Is(err, ErrBackingOff) {
+		t.Fatalf("the callout during the back-off: got %v, want ErrBackingOff", err)
+	}
+	for _, p := range []string{"o.b", "p.x"} {
+		if err := admit(p); err != nil {
+			t.Errorf("%s during another principal's back-off: %v", p, err)
+		}
+	}
+	c.now = c.now.Add(10 * time.Second)
+	if err := admit("o.a"); err != nil {
+		t.Fatalf("after the back-off: %v", err)
+	}
+	if got := cids(l.Connected(jwtConn("o.a", 5))); got != nil {
+		t.Fatalf("a connection after the back-off: got kicks %v, want none", got)
+	}
+
+	// The owner holds o.a#1, o.a#5; o.b#6 is its third; o.c#7 is past the owner's cap.
+	l.Connected(jwtConn("o.b", 6))
+	if got := cids(l.Connected(jwtConn("o.c", 7))); !slices.Equal(got, []string{"o.c#7:owner"}) {
+		t.Fatalf("past the owner's cap: got kicks %v", got)
+	}
+	l.Disconnected("s1", 6)
+	if err := admit("o.d"); !errors.Is(err, ErrBackingOff) {
+		t.Fatalf("another principal of the owner during its back-off: got %v, want ErrBackingOff", err)
+	}
+	if got := cids(l.Connected(jwtConn("o.d", 8))); !slices.Equal(got, []string{"o.d#8:backoff"}) {
+		t.Fatalf("another principal of the owner connecting during its back-off: got kicks %v", got)
+	}
+	if err := admit("p.x"); err != nil {
+		t.Errorf("another owner during the back-off: %v", err)
+	}
+	c.now = c.now.Add(10 * time.Second)
+	if err := admit("o.d"); err != nil {
+		t.Errorf("the owner after its back-off: %v", err)
+	}
+}

@@ -1,0 +1,224 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/conns"
+	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
+	"github.com/cotal-ai/authplane/service"
+)
+
+// churnFor is how long the churning owner reconnects as soon as it is kicked, churnLoops with
+// how many connections of each of its principals.
+const (
+	churnFor   = 8 * time.Second
+	churnLoops = 10
+)
+
+// kickedWithin connects with creds and reports whether the plane kicked the connection within
+// excessLife (the broker lets a JWT user in on its JWT alone).
+func kickedWithin(t *testing.T, url, creds string) bool {
+	t.Helper()
+	closed := make(chan struct{})
+	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if errors.Is(err, io.EOF) {
+		return true // kicked before Connect returned
+	}
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	select {
+	case <-closed:
+		return true
+	case <-time.After(excessLife):
+		nc.Close()
+		return false
+	}
+}
+
+// TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff: a principal kicked past its cap is
+// not let back in at once, though it is back within its cap: for conns.DefaultBackoff a JWT
+// connection of it is kicked and a bearer connection of it is refused by the callout, while
+// another principal connects. Past the back-off it connects again. Without the back-off it was
+// let back in as soon as it closed one connection, so a client that reconnected as soon as it
+// was kicked churned through the account's connections.
+func TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff(t *testing.T) {
+	harness.Long(t, "waits out a back-off")
+	t.Parallel()
+	ip := idptest.New(t)
+	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 3
+	})
+	b := harness.FetchBundle(t, p.PublicURL())
+	creds := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, "agent")
+	agent := harness.AgentBearer(t, p, harness.OwnerA, "agent")
+	var held []*nats.Conn
+	for range 3 {
+		held = append(held, harness.ConnectCreds(t, p.NATSURL(), creds, harness.OwnerA, "agent"))
+	}
+	kicked := time.Now()
+	if !kickedWithin(t, p.NATSURL(), creds) {
+		t.Fatal("a fourth connection past the principal's cap of 3 was not kicked")
+	}
+	held[0].Close() // back within its cap
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_data_connections", map[string]string{"who": "tenants"}); n != 2 {
+			return fmt.Errorf("the plane counts %v tenants' connections, want the principal's 2", n)
+		}
+		return nil
+	})
+	if !kickedWithin(t, p.NATSURL(), creds) {
+		t.Error("a JWT connection within the cap during the back-off stayed, want it kicked")
+	}
+	if nc, err := harness.BearerConnect(t, b, agent, harness.OwnerA, "agent"); err == nil {
+		nc.Close()
+		t.Error("a bearer connection within the cap during the back-off was let in, want the callout to refuse it")
+	}
+	if time.Since(kicked) >= conns.DefaultBackoff {
+		t.Fatalf("the checks took %s, past the back-off: they proved nothing", time.Since(kicked))
+	}
+	other := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, "other")
+	harness.ConnectCreds(t, p.NATSURL(), other, harness.OwnerA, "other")
+	m := harness.Scrape(t, p.HTTPURL())
+	for _, by := range []string{"callout", "kick"} {
+		if n := harness.Sample(m, "authplane_connections_refused_total", map[string]string{"budget": conns.BudgetBackoff, "by": by}); n != 1 {
+			t.Errorf("authplane_connections_refused_total{budget=backoff,by=%s}: got %v, want 1", by, n)
+		}
+	}
+	testkit.CheckFor(t, conns.DefaultBackoff+5*time.Second, 250*time.Millisecond, func() error {
+		nc, err := harness.BearerConnect(t, b, agent, harness.OwnerA, "agent")
+		if err != nil {
+			return fmt.Errorf("the principal's bearer after the back-off: %w", err)
+		}
+		nc.Close()
+		return nil
+	})
+}
+
+// TestReconnectChurnHoldsNoMoreThanItsCapAndRefusesNoOtherOwner: with the account's, the
+// owner's and the principal's caps at 60, 20 and 8 (the finding's), owner A runs three JWT users
+// with ten connections each that connect again as soon as they are kicked (past each
+// principal's cap and the owner's). Meanwhile owner B
+// holds 16 connections and opens and closes three more over and over: not one of B's attempts
+// is refused, and A holds no more than its cap of 20 for longer than a kick takes
+// (excessLife). Before the back-off and the concurrent kicks, such an owner briefly held all 60
+// connections and the other owner was refused 13 times in 180.
+func TestReconnectChurnHoldsNoMoreThanItsCapAndRefusesNoOtherOwner(t *testing.T) {
+	harness.Long(t, "seconds of reconnect churn")
+	t.Parallel()
+	ip := idptest.New(t)
+	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
+		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner = 60, 4, 8, 20
+		c.Rate = 0
+	})
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	var opened, refusals atomic.Int64
+	var mu sync.Mutex
+	up := map[*nats.Conn]time.Time{} // owner A's connections up, and when each was opened
+	// held counts owner A's connections up for longer than d.
+	held := func(d time.Duration) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for nc, at := range up {
+			if nc.IsConnected() && time.Since(at) > d {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range 3 {
+		creds := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, fmt.Sprintf("churn%d", i))
+		for range churnLoops {
+			churn.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					closed := make(chan struct{})
+					at := time.Now()
+					nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(creds), nats.NoReconnect(),
+						nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+					if err != nil {
+						refusals.Add(1)
+						time.Sleep(5 * time.Millisecond) // refused: the churn's only pause
+						continue
+					}
+					opened.Add(1)
+					mu.Lock()
+					up[nc] = at
+					mu.Unlock()
+					select {
+					case <-closed:
+					case <-stop:
+						nc.Close()
+					}
+					mu.Lock()
+					delete(up, nc)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	stopChurn := sync.OnceFunc(func() { close(stop); churn.Wait() })
+	t.Cleanup(stopChurn)
+
+	var steady []*nats.Conn
+	for i := range 2 {
+		actor := fmt.Sprintf("steady%d", i)
+		creds := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerB, actor)
+		for range 8 {
+			nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(creds), nats.CustomInboxPrefix("_INBOX."+harness.OwnerB+"."+actor), nats.Timeout(10*time.Second))
+			if err != nil {
+				t.Fatalf("owner B's steady connection %d: %v", len(steady), err)
+			}
+			t.Cleanup(nc.Close)
+			steady = append(steady, nc)
+		}
+	}
+	spare := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerB, "spare")
+	attempts, refused := 0, 0
+	for deadline := time.Now().Add(churnFor); time.Now().Before(deadline); {
+		var opened []*nats.Conn
+		for range 3 {
+			attempts++
+			nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(spare), nats.NoReconnect(), nats.Timeout(10*time.Second))
+			if err != nil {
+				refused++
+				t.Logf("owner B's attempt %d refused: %v", attempts, err)
+				continue
+			}
+			opened = append(opened, nc)
+		}
+		if n := held(excessLife); n > 20 {
+			t.Errorf("owner A holds %d connections older than %s, past its cap of 20", n, excessLife)
+		}
+		time.Sleep(100 * time.Millisecond) // owner B at work, not a flood
+		for _, nc := range opened {
+			nc.Close()
+		}
+	}
+	stopChurn()
+	if refused > 0 {
+		t.Errorf("owner B was refused %d of %d connection attempts during the churn, want none", refused, attempts)
+	}
+	for i, nc := range steady {
+		if !nc.IsConnected() {
+			t.Errorf("owner B's steady connection %d: %s, want it up", i, nc.Status())
+		}
+	}
+	t.Logf("owner A's churn connected %d times and was refused %d times; owner B tried %d connections", opened.Load(), refusals.Load(), attempts)
+}
