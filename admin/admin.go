@@ -91,7 +91,8 @@ const (
 	// RoleOps is a caller that may also discover the service: `nats micro ls|info|stats|ping`.
 	RoleOps Role = "ops"
 	// RoleAuditor reads the minted and audit streams (`nats stream info|get|view` with
-	// subjects.AuditorAPIPrefix) and nothing else; it names no principal.
+	// subjects.AuditorAPIPrefix) and nothing else; its name is the actor's, its principal
+	// `auditor.<name>`.
 	RoleAuditor Role = "auditor"
 )
 
@@ -113,7 +114,8 @@ func DefaultCreds() CredsOptions {
 }
 
 // Creds mints a `.creds` file (user JWT and a fresh seed) with the permissions of o's role,
-// valid for its TTL: for a caller or an operator, the principal of o; an auditor names none.
+// valid for its TTL: for a caller or an operator, the principal of o; for an auditor,
+// `auditor.<its name>`.
 // Every role is a data-account user, signed with that account's signing key.
 func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
 	c, err := IssueCreds(m, o, now)
@@ -124,7 +126,7 @@ func Creds(m *space.Keys, o CredsOptions, now time.Time) ([]byte, error) {
 // record names (never the seed or the JWT).
 type IssuedCreds struct {
 	Data []byte
-	// Name is the user's name: the principal, or "auditor".
+	// Name is the user's name: the principal.
 	Name string
 	Role Role
 	NKey string
@@ -214,10 +216,10 @@ func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCre
 // credsGrant is the JWT name and the permissions of o's role (docs/PROTOCOL.md, "What each credential may do").
 func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, error) {
 	if o.Role == RoleAuditor {
-		if o.Owner != "" || o.Actor != "" {
-			return "", subjects.Permissions{}, fmt.Errorf("--role auditor names no principal: drop --owner and --actor")
+		if o.Owner != "" || !subjects.ValidActor(o.Actor) {
+			return "", subjects.Permissions{}, fmt.Errorf("--role auditor names the auditor with --actor ([A-Za-z0-9_]{1,64}) and no --owner")
 		}
-		return "auditor", subjects.AuditorPermissions(space), nil
+		return subjects.AuditorPrincipal(o.Actor), subjects.AuditorPermissions(space, o.Actor), nil
 	}
 	duty := map[Role]subjects.Duty{RoleCaller: subjects.DutyCaller, RoleOps: subjects.DutyOps}[o.Role]
 	if duty == "" {

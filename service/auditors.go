@@ -13,7 +13,9 @@ const auditorsQueue = "cotal-auth-auditors"
 
 // serveAuditors takes the auditors' consumer creations for the minted and audit streams on a
 // plane-account connection of their own (the store's subscribes to nothing but its inbox), and
-// passes the pull consumers among them on to JetStream (handlers.AuditorConsumers).
+// passes the pull consumers among them on to JetStream, each the auditor's own
+// (handlers.AuditorConsumers). The auditors' other requests are mapped to JetStream by the plane
+// account (subjects.AuditorMappings) and never reach it.
 func (p *Plane) serveAuditors(planeIssuer *mint.Issuer) error {
 	nc, err := p.connectRenewed("auditors", planeIssuer, subjects.AuditorsPermissions(p.cfg.Space), nil)
 	if err != nil {
@@ -21,11 +23,9 @@ func (p *Plane) serveAuditors(planeIssuer *mint.Issuer) error {
 	}
 	h := &handlers.AuditorConsumers{Space: p.cfg.Space, JetStream: nc, Timeout: p.cfg.RequestTimeout,
 		Metrics: p.metrics, Log: p.log.With("conn", "auditors")}
-	for _, st := range subjects.AuditedStreams(p.cfg.Space) {
-		subject := subjects.AuditorConsumers(p.cfg.Space, st) + ".>"
-		if _, err := nc.QueueSubscribe(subject, auditorsQueue, h.Handle); err != nil {
-			return fmt.Errorf("subscribe %s: %w", subject, err)
-		}
+	subject := subjects.AuditorReads(p.cfg.Space)[0].Remote
+	if _, err := nc.QueueSubscribe(subject, auditorsQueue, h.Handle); err != nil {
+		return fmt.Errorf("subscribe %s: %w", subject, err)
 	}
 	return nc.Flush()
 }

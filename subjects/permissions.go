@@ -2,6 +2,7 @@ package subjects
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -167,18 +168,31 @@ func KickPermissions(dataAccount string) Permissions {
 // Auditors read the minted and audit streams with the stock `nats` CLI. They are not users of
 // the plane account: a JetStream API request there is answered on whatever reply subject its
 // sender chose, with the account's rights, so even a stream-info-only user there could write
-// any bucket's key. An auditor is a data-account user (no JetStream there) that may publish
-// only the read API of those two streams, which the plane account exports and the data account
-// imports under AuditorAPIPrefix: every answer comes back through the import to the auditor's
-// inbox, in an account where no stream can store it.
+// any bucket's key. An auditor is a data-account user (no JetStream there) with a name of its
+// own, that may publish only the read API of those two streams under its own prefix
+// (AuditorAPIPrefix), which the plane account exports and the data account imports: every
+// answer comes back through the import to the auditor's inbox, in an account where no stream
+// can store it. Each auditor has one reader (consumer) of each stream, named after it: the
+// plane account maps a request about any consumer to the auditor's own (AuditorMappings), and
+// an ack names the consumer, so no auditor can read, ack, change or delete another's.
 
-// AuditorAPIPrefix is the JetStream API prefix of an auditor's requests (`nats
-// --js-api-prefix`, jetstream.NewWithAPIPrefix).
-func AuditorAPIPrefix(space string) string { return "cotal." + space + ".auditor" }
+// AuditorAPIPrefix is the JetStream API prefix of auditor name's requests (`nats
+// --js-api-prefix`, jetstream.NewWithAPIPrefix): its name is a token of every request, so the
+// broker forge-locks it.
+func AuditorAPIPrefix(space, name string) string { return auditorAPI(space) + "." + name }
 
-// AuditorInboxPrefix is the inbox prefix of every auditor credential (`nats --inbox-prefix`).
-// No caller's inbox is under it: an owner token starts `u_` or `p_`.
-const AuditorInboxPrefix = "_INBOX.auditor"
+func auditorAPI(space string) string { return "cotal." + space + ".auditor" }
+
+// AuditorInboxPrefix is the inbox prefix of auditor name's credential (`nats --inbox-prefix`).
+// No caller's inbox is under `_INBOX.auditor`: an owner token starts `u_` or `p_`.
+func AuditorInboxPrefix(name string) string { return "_INBOX.auditor." + name }
+
+// AuditorPrincipal is auditor name's principal, its user's name: every auditor is a principal
+// of the one owner `auditor`.
+func AuditorPrincipal(name string) string { return "auditor." + name }
+
+// AuditorConsumer is the name of auditor name's one consumer of each audited stream: its name.
+func AuditorConsumer(name string) string { return name }
 
 // AuditorRead is one subject of the plane account that the data account imports for auditors:
 // Remote is its subject in the plane account, Local in the data account. Stream says one
@@ -192,69 +206,96 @@ type AuditorRead struct {
 // AuditedStreams are the streams an auditor reads: the minted and audit streams.
 func AuditedStreams(space string) []string { return []string{MintedStream(space), AuditStream(space)} }
 
-// AuditorReads is what docs/PROTOCOL.md lets an auditor do ("What each credential may do"), as imports: for the minted and audit
-// streams, stream info, message gets (the record streams allow no direct gets), and pull
-// consumers (create, info, pull, ack, delete a consumer: how `nats stream
-// view` pages). A consumer's creation goes to the plane, not to JetStream (AuditorConsumers):
-// broker permissions cannot see a consumer's deliver_subject, so the plane refuses a push
-// consumer before JetStream sees it. Nothing that writes, deletes or purges a message, and no
-// bucket.
+// AuditorReads is what docs/PROTOCOL.md lets an auditor do ("What each credential may do"), as
+// imports: every auditor's API requests (for the minted and audit streams: stream info, message
+// gets, and its own pull consumer: create, info, pull, ack, delete, how `nats stream view`
+// pages), and the acks of those streams' messages. Nothing that writes, deletes or purges a
+// message, and no bucket.
 func AuditorReads(space string) []AuditorRead {
-	api := AuditorAPIPrefix(space)
-	var reads []AuditorRead
+	api := auditorAPI(space) + ".*.>"
+	reads := []AuditorRead{{Remote: api, Local: api, Stream: true}}
 	for _, st := range AuditedStreams(space) {
-		create := AuditorConsumers(space, st) + ".>"
-		reads = append(reads, AuditorRead{Remote: create, Local: create})
-		for _, verb := range []string{"STREAM.INFO." + st, "STREAM.MSG.GET." + st,
-			"CONSUMER.INFO." + st + ".*", "CONSUMER.MSG.NEXT." + st + ".*", "CONSUMER.DELETE." + st + ".*"} {
-			reads = append(reads, AuditorRead{Remote: "$JS.API." + verb, Local: api + "." + verb, Stream: strings.HasPrefix(verb, "CONSUMER.MSG.NEXT.")})
-		}
 		ack := "$JS.ACK." + st + ".>"
 		reads = append(reads, AuditorRead{Remote: ack, Local: ack})
 	}
 	return reads
 }
 
-// AuditorConsumers is where the plane takes an auditor's consumer creations for stream st, in
-// the plane account and, imported under the same name, in the data account: the auditor's
-// `<api prefix>.CONSUMER.CREATE.<st>`, followed by the consumer's name (and filter) as
-// JetStream's API has them. The plane passes a pull consumer on to `$JS.API.CONSUMER.CREATE.<st>.…`.
-func AuditorConsumers(space, st string) string {
-	return AuditorAPIPrefix(space) + ".CONSUMER.CREATE." + st
-}
+// Auditor request verbs.
+const (
+	AuditorStreamInfo     = "STREAM.INFO"
+	AuditorMsgGet         = "STREAM.MSG.GET"
+	AuditorConsumerCreate = "CONSUMER.CREATE"
+	AuditorConsumerInfo   = "CONSUMER.INFO"
+	AuditorConsumerDelete = "CONSUMER.DELETE"
+	AuditorConsumerNext   = "CONSUMER.MSG.NEXT"
+)
 
-// JetStreamConsumerCreate is JetStream's own subject for the consumer creation an auditor sent
-// on subject (under AuditorConsumers of one of AuditedStreams), or "" when subject is none.
-func JetStreamConsumerCreate(space, subject string) string {
+// AuditorMappings are the plane account's subject mappings of the auditors' requests, each to
+// JetStream's own API: stream info and message gets as they are, and a consumer's info, pull
+// and delete to the auditor's own consumer (its name, the request's first wildcard), whatever
+// consumer the request named. A consumer's creation is not mapped: the plane takes it
+// (AuditorCreate).
+func AuditorMappings(space string) map[string]string {
+	api := auditorAPI(space) + ".*."
+	m := map[string]string{}
 	for _, st := range AuditedStreams(space) {
-		if rest, ok := strings.CutPrefix(subject, AuditorConsumers(space, st)+"."); ok && rest != "" {
-			return "$JS.API.CONSUMER.CREATE." + st + "." + rest
+		m[api+AuditorStreamInfo+"."+st] = "$JS.API." + AuditorStreamInfo + "." + st
+		m[api+AuditorMsgGet+"."+st] = "$JS.API." + AuditorMsgGet + "." + st
+		for _, verb := range []string{AuditorConsumerInfo, AuditorConsumerDelete, AuditorConsumerNext} {
+			m[api+verb+"."+st+".*"] = "$JS.API." + verb + "." + st + ".{{wildcard(1)}}"
 		}
 	}
-	return ""
+	return m
+}
+
+// AuditorCreate parses subject, an auditor's consumer creation under AuditorAPIPrefix, into the
+// auditor's name, the stream, and the JetStream subject that creates the auditor's own consumer
+// (its filter, if the request named one, kept). ok is false for anything else.
+func AuditorCreate(space, subject string) (name, stream, jetStream string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, auditorAPI(space)+".")
+	name, rest, ok2 := strings.Cut(rest, ".")
+	args, ok3 := strings.CutPrefix(rest, AuditorConsumerCreate+".")
+	if !ok || !ok2 || !ok3 || !ValidActor(name) {
+		return "", "", "", false
+	}
+	st, args, _ := strings.Cut(args, ".")
+	consumer, filter, _ := strings.Cut(args, ".")
+	if !slices.Contains(AuditedStreams(space), st) || consumer == "" {
+		return "", "", "", false
+	}
+	jetStream = "$JS.API." + AuditorConsumerCreate + "." + st + "." + AuditorConsumer(name)
+	if filter != "" {
+		jetStream += "." + filter
+	}
+	return name, st, jetStream, true
 }
 
 // AuditorsPermissions are those of the plane's auditors connection, a plane-account user: it
-// takes the auditors' consumer creations (a queue subscription under AuditorConsumers), passes
-// them to JetStream's create API of those two streams only, answers into the import's reply
-// subjects (`_R_.…`), and subscribes its own inbox for JetStream's answers.
+// takes the auditors' consumer creations (a queue subscription under the auditors' API; every
+// other request is mapped to JetStream before it could reach it), passes them to JetStream's
+// create API of those two streams only (deleting the auditor's own consumer first when a
+// creation replaces it), answers into the import's reply subjects (`_R_.…`), and subscribes its
+// own inbox for JetStream's answers.
 func AuditorsPermissions(space string) Permissions {
-	var g Permissions
+	g := Permissions{Sub: []string{auditorAPI(space) + ".*.>", "_INBOX.>"}, Pub: []string{"_R_.>"}}
 	for _, st := range AuditedStreams(space) {
-		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>")
-		g.Sub = append(g.Sub, AuditorConsumers(space, st)+".>")
+		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>", "$JS.API.CONSUMER.DELETE."+st+".*")
 	}
-	g.Pub = append(g.Pub, "_R_.>")
-	g.Sub = append(g.Sub, "_INBOX.>")
 	return g
 }
 
-// AuditorPermissions are those of an auditor credential (`authplane creds --role auditor`): it
-// may publish the imported read subjects and subscribe its own inbox, nothing else.
-func AuditorPermissions(space string) Permissions {
-	g := Permissions{Sub: []string{AuditorInboxPrefix + ".>"}}
-	for _, r := range AuditorReads(space) {
-		g.Pub = append(g.Pub, r.Local)
+// AuditorPermissions are those of auditor name's credential (`authplane creds --role auditor
+// --actor <name>`): it may publish its own API requests of the verbs above, on the minted and
+// audit streams, and the acks of its own consumer's messages, and subscribe its own inbox,
+// nothing else.
+func AuditorPermissions(space, name string) Permissions {
+	api := AuditorAPIPrefix(space, name)
+	g := Permissions{Sub: []string{AuditorInboxPrefix(name) + ".>"}}
+	for _, st := range AuditedStreams(space) {
+		g.Pub = append(g.Pub, api+"."+AuditorStreamInfo+"."+st, api+"."+AuditorMsgGet+"."+st, api+"."+AuditorConsumerCreate+"."+st+".>",
+			api+"."+AuditorConsumerInfo+"."+st+".*", api+"."+AuditorConsumerDelete+"."+st+".*", api+"."+AuditorConsumerNext+"."+st+".*",
+			"$JS.ACK."+st+"."+AuditorConsumer(name)+".>")
 	}
 	return g
 }

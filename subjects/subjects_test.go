@@ -344,21 +344,32 @@ func subjectMatches(pattern, subject string) bool {
 }
 
 // An auditor's consumer creation reaches JetStream's create API of the minted and audit
-// streams only, under the name (and filter) it was sent with.
-func TestAnAuditorsConsumerCreationReachesOnlyTheAuditedStreams(t *testing.T) {
-	a := AuditorConsumers("default", AuditStream("default"))
+// streams only, and creates the auditor's own consumer, whatever name it asked for (its filter
+// kept); an auditor's other requests are mapped to its own consumer.
+func TestAnAuditorsCreationMakesItsOwnConsumerOfTheAuditedStreamsOnly(t *testing.T) {
+	api := AuditorAPIPrefix("default", "alice")
+	audit, minted := AuditStream("default"), MintedStream("default")
 	for subject, want := range map[string]string{
-		a + ".pager":   "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager",
-		a + ".pager.>": "$JS.API.CONSUMER.CREATE.cotal_audit_default.pager.>",
-		AuditorConsumers("default", MintedStream("default")) + ".x": "$JS.API.CONSUMER.CREATE.cotal_minted_default.x",
-		a:       "",
-		a + ".": "",
-		AuditorConsumers("default", "KV_cotal_auth_default") + ".x": "",
-		AuditorConsumers("other", AuditStream("other")) + ".x":      "",
-		"$JS.API.CONSUMER.CREATE.cotal_audit_default.x":             "",
+		api + ".CONSUMER.CREATE." + audit + ".pager":                                           "$JS.API.CONSUMER.CREATE." + audit + ".alice",
+		api + ".CONSUMER.CREATE." + audit + ".pager.>":                                         "$JS.API.CONSUMER.CREATE." + audit + ".alice.>",
+		api + ".CONSUMER.CREATE." + minted + ".bob":                                            "$JS.API.CONSUMER.CREATE." + minted + ".alice",
+		api + ".CONSUMER.CREATE." + audit:                                                      "",
+		api + ".CONSUMER.DELETE." + audit + ".alice":                                           "",
+		api + ".CONSUMER.CREATE.KV_cotal_auth_default.x":                                       "",
+		AuditorAPIPrefix("other", "alice") + ".CONSUMER.CREATE." + AuditStream("other") + ".x": "",
+		"cotal.default.auditor.CONSUMER.CREATE." + audit + ".x":                                "",
+		"$JS.API.CONSUMER.CREATE." + audit + ".x":                                              "",
 	} {
-		if got := JetStreamConsumerCreate("default", subject); got != want {
-			t.Errorf("JetStreamConsumerCreate(%q): got %q, want %q", subject, got, want)
+		name, st, got, ok := AuditorCreate("default", subject)
+		if got != want || ok != (want != "") || (ok && (name != "alice" || !strings.HasPrefix(want, "$JS.API.CONSUMER.CREATE."+st+"."))) {
+			t.Errorf("AuditorCreate(%q): got %q %q %q %v, want %q", subject, name, st, got, ok, want)
 		}
+	}
+	m := AuditorMappings("default")
+	if got := m["cotal.default.auditor.*.CONSUMER.DELETE."+audit+".*"]; got != "$JS.API.CONSUMER.DELETE."+audit+".{{wildcard(1)}}" {
+		t.Errorf("the delete's mapping: got %q, want the auditor's own consumer", got)
+	}
+	if len(m) != 10 {
+		t.Errorf("%d mappings, want 5 for each of the two streams", len(m))
 	}
 }

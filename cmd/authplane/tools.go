@@ -79,7 +79,7 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	l := locateFlags(fs)
 	owner, actor := principalFlags(fs)
 	o := admin.DefaultCreds()
-	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts), ops (a caller that may also use nats micro ls|info|stats|ping) or auditor (read the minted and audit streams; no --owner/--actor)")
+	role := fs.String("role", string(o.Role), "caller (call the plane, publish its own run-starts), ops (a caller that may also use nats micro ls|info|stats|ping) or auditor (read the minted and audit streams; --actor names the auditor, no --owner)")
 	fs.DurationVar(&o.TTL, "ttl", o.TTL, "lifetime of the credential (1m to 720h)")
 	fs.Int64Var(&o.MaxSubscriptions, "max-subscriptions", o.MaxSubscriptions, "subscriptions the user may hold (1 to 1000000)")
 	fs.Int64Var(&o.MaxPayload, "max-payload", o.MaxPayload, "largest message the user may publish, in bytes (1 KiB to 64 MiB)")
@@ -118,9 +118,9 @@ func creds(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.Role == admin.RoleAuditor {
-		fmt.Fprintf(stdout, "wrote %s for an auditor of space %q (expires in %s)\n", *out, m.Space, o.TTL)
+		fmt.Fprintf(stdout, "wrote %s for auditor %s of space %q (expires in %s)\n", *out, *actor, m.Space, o.TTL)
 		fmt.Fprintf(stdout, "use it with: nats --creds %s --inbox-prefix %s --js-api-prefix %s stream view %s\n",
-			*out, subjects.AuditorInboxPrefix, subjects.AuditorAPIPrefix(m.Space), subjects.AuditStream(m.Space))
+			*out, subjects.AuditorInboxPrefix(*actor), subjects.AuditorAPIPrefix(m.Space, *actor), subjects.AuditStream(m.Space))
 		return nil
 	}
 	fmt.Fprintf(stdout, "wrote %s for %s, role %s (expires in %s)\n", *out, subjects.Principal(*owner, *actor), *role, o.TTL)

@@ -26,10 +26,16 @@ import (
 // minted and audit streams bound how many there are and how long an idle one lives.
 
 // createConsumer sends JetStream's consumer-create request for stream st, consumer name (and
-// filter, when not "") with cfg, as the auditor's client does, and returns the answer.
+// filter, when not "") with cfg, as auditorName's client does, and returns the answer.
 func createConsumer(t testing.TB, nc *nats.Conn, st, name, filter string, cfg map[string]any) jetstream.ConsumerInfo {
 	t.Helper()
-	subject := subjects.AuditorAPIPrefix(harness.TestSpace) + ".CONSUMER.CREATE." + st + "." + name
+	return createConsumerAs(t, nc, auditorName, st, name, filter, cfg)
+}
+
+// createConsumerAs is createConsumer for auditor's client.
+func createConsumerAs(t testing.TB, nc *nats.Conn, auditor, st, name, filter string, cfg map[string]any) jetstream.ConsumerInfo {
+	t.Helper()
+	subject := subjects.AuditorAPIPrefix(harness.TestSpace, auditor) + ".CONSUMER.CREATE." + st + "." + name
 	if filter != "" {
 		subject += "." + filter
 	}
@@ -101,7 +107,7 @@ func TestAnAuditorCannotMakeAPushConsumer(t *testing.T) {
 	deliver := []string{
 		"$KV." + subjects.AuthBucket(harness.TestSpace) + ".epgate.auth.evil",
 		"$JS.API.STREAM.DELETE.KV_" + subjects.AuthBucket(harness.TestSpace),
-		subjects.AuditorInboxPrefix + ".mine",
+		subjects.AuditorInboxPrefix(auditorName) + ".mine",
 	}
 	const flood = 300
 	for i := range flood {
@@ -122,7 +128,7 @@ func TestAnAuditorCannotMakeAPushConsumer(t *testing.T) {
 	}
 	// A duplicate key: the last one counts, for the plane's decoder and for JetStream's.
 	dup := `{"stream_name":"` + subjects.AuditStream(harness.TestSpace) + `","config":{"name":"dup","deliver_subject":"","deliver_subject":"` + deliver[0] + `","ack_policy":"none"}}`
-	if ci := createRaw(t, nc, subjects.AuditorConsumers(harness.TestSpace, subjects.AuditStream(harness.TestSpace))+".dup", []byte(dup)); ci.Name != "" {
+	if ci := createRaw(t, nc, subjects.AuditorAPIPrefix(harness.TestSpace, auditorName)+".CONSUMER.CREATE."+subjects.AuditStream(harness.TestSpace)+".dup", []byte(dup)); ci.Name != "" {
 		t.Errorf("a push consumer behind a duplicate key: got %q, want refused", ci.Name)
 	}
 	for _, st := range subjects.AuditedStreams(harness.TestSpace) {
@@ -141,16 +147,19 @@ func TestAnAuditorCannotMakeAPushConsumer(t *testing.T) {
 	}
 }
 
-// Each of the minted and audit streams holds at most --auditor-consumers consumers, every
-// auditor's together, and none outlives an hour without use: a consumer asking for longer is
-// refused, one asking nothing gets the hour. Past the count a creation is refused (counted in
-// /metrics) until one is deleted.
+// Each of the minted and audit streams holds at most --auditor-consumers consumers, one per
+// auditor (its own, named after it: a second creation replaces it), and none outlives an hour
+// without use: a consumer asking for longer is refused, one asking nothing gets the hour. Past
+// the count a creation is refused (counted in /metrics) until one is deleted.
 func TestAuditorConsumersAreBoundedInCountAndIdleLife(t *testing.T) {
 	t.Parallel()
 	const max = 3
 	p := harness.StartPlane(t, func(c *service.Config) { c.AuditorConsumers = max })
 	seedRecords(t, p)
-	nc, _ := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), &harness.AsyncErrors{})
+	conn := func(name string) *nats.Conn {
+		nc, _ := auditorConn(t, p.NATSURL(), name, writeAuditorCreds(t, p, name), &harness.AsyncErrors{})
+		return nc
+	}
 	audit := subjects.AuditStream(harness.TestSpace)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -165,33 +174,37 @@ func TestAuditorConsumersAreBoundedInCountAndIdleLife(t *testing.T) {
 		}
 	}
 
-	if ci := createConsumer(t, nc, audit, "long", "", map[string]any{"durable_name": "long", "ack_policy": "none", "inactive_threshold": 2 * time.Hour}); ci.Name != "" {
+	alice := conn("alice")
+	if ci := createConsumer(t, alice, audit, "long", "", map[string]any{"durable_name": "long", "ack_policy": "none", "inactive_threshold": 2 * time.Hour}); ci.Name != "" {
 		t.Errorf("a consumer idle for 2 h: got %q, want refused", ci.Name)
 	}
-	ci := createConsumer(t, nc, audit, "forever", "", map[string]any{"durable_name": "forever", "ack_policy": "explicit"})
-	if ci.Name != "forever" || ci.Config.InactiveThreshold != store.ReaderInactiveMax {
-		t.Errorf("a durable asking no idle life: got %q %s (%s), want it made, gone after an hour idle", ci.Name, ci.Config.InactiveThreshold, ci.Config.Description)
+	ci := createConsumer(t, alice, audit, "forever", "", map[string]any{"durable_name": "forever", "ack_policy": "explicit"})
+	if ci.Name != "alice" || ci.Config.InactiveThreshold != store.ReaderInactiveMax {
+		t.Errorf("a durable asking no idle life: got %q %s (%s), want alice's own, gone after an hour idle", ci.Name, ci.Config.InactiveThreshold, ci.Config.Description)
 	}
-	for i := 1; i < max; i++ {
-		name := fmt.Sprintf("pager%d", i)
-		if ci := createConsumer(t, nc, audit, name, ">", pagerConfig(name, ">")); ci.Name != name {
-			t.Fatalf("pager %d of %d: got %q (%s), want it made", i, max, ci.Name, ci.Config.Description)
+	if ci := createConsumer(t, alice, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "alice" || ci.Config.Description != "JSM Stream Pager" {
+		t.Errorf("alice's second creation: got %q (%s), want it to replace her own", ci.Name, ci.Config.Description)
+	}
+	for _, name := range []string{"bob", "carol"} {
+		if ci := createConsumerAs(t, conn(name), name, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != name {
+			t.Fatalf("%s's consumer: got %q (%s), want it made", name, ci.Name, ci.Config.Description)
 		}
 	}
-	if ci := createConsumer(t, nc, audit, "one_more", ">", pagerConfig("one_more", ">")); ci.Name != "" || !strings.Contains(ci.Config.Description, "maximum consumers limit") {
+	dave := conn("dave")
+	if ci := createConsumerAs(t, dave, "dave", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "" || !strings.Contains(ci.Config.Description, "maximum consumers limit") {
 		t.Errorf("a consumer past %d: got %q %q, want the stream's limit", max, ci.Name, ci.Config.Description)
 	}
 	if got := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_auditor_consumers_refused_total", map[string]string{"reason": "max_consumers"}); got != 1 {
 		t.Errorf("authplane_auditor_consumers_refused_total{max_consumers}: got %v, want 1", got)
 	}
 	// The other stream's budget is its own; a deleted consumer gives its slot back.
-	if ci := createConsumer(t, nc, subjects.MintedStream(harness.TestSpace), "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" {
+	if ci := createConsumerAs(t, dave, "dave", subjects.MintedStream(harness.TestSpace), "pager", ">", pagerConfig("pager", ">")); ci.Name != "dave" {
 		t.Errorf("the minted stream's first consumer: got %q (%s), want it made", ci.Name, ci.Config.Description)
 	}
-	if _, err := nc.Request(subjects.AuditorAPIPrefix(harness.TestSpace)+".CONSUMER.DELETE."+audit+".forever", nil, 5*time.Second); err != nil {
+	if _, err := alice.Request(subjects.AuditorAPIPrefix(harness.TestSpace, "alice")+".CONSUMER.DELETE."+audit+".pager", nil, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if ci := createConsumer(t, nc, audit, "one_more", ">", pagerConfig("one_more", ">")); ci.Name != "one_more" {
+	if ci := createConsumerAs(t, dave, "dave", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "dave" {
 		t.Errorf("after a delete: got %q (%s), want it made", ci.Name, ci.Config.Description)
 	}
 }
@@ -203,11 +216,11 @@ func TestAuditorConsumersAreBoundedInCountAndIdleLife(t *testing.T) {
 func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 	t.Parallel()
 	p, nc, _, _ := auditedPlane(t)
-	api := subjects.AuditorAPIPrefix(harness.TestSpace)
+	api := subjects.AuditorAPIPrefix(harness.TestSpace, auditorName)
 	for _, st := range subjects.AuditedStreams(harness.TestSpace) {
 		name := "stream_pager_1234" + st
-		if ci := createConsumer(t, nc, st, name, ">", pagerConfig(name, ">")); ci.Name != name {
-			t.Fatalf("%s: the pager's consumer: got %q (%s)", st, ci.Name, ci.Config.Description)
+		if ci := createConsumer(t, nc, st, name, ">", pagerConfig(name, ">")); ci.Name != auditorName {
+			t.Fatalf("%s: the pager's consumer: got %q (%s), want the auditor's own", st, ci.Name, ci.Config.Description)
 		}
 		// An inbox of its own, not under the connection's request mux: nats.go hands a message
 		// that reaches the mux under a subject it matches to no request to the one request
@@ -260,11 +273,11 @@ func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 	if err1 != nil || err2 != nil {
 		return
 	}
-	creds := writeAuditorCreds(t, p)
+	creds := writeAuditorCreds(t, p, auditorName)
 	home := t.TempDir()
 	for _, st := range subjects.AuditedStreams(harness.TestSpace) {
 		line := fmt.Sprintf("%s --server %s --creds %s --inbox-prefix %s --js-api-prefix %s stream view %s",
-			natsPath, p.NATSURL(), creds, subjects.AuditorInboxPrefix, api, st)
+			natsPath, p.NATSURL(), creds, subjects.AuditorInboxPrefix(auditorName), api, st)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		cmd := exec.CommandContext(ctx, scriptPath, "-qc", line, filepath.Join(home, "typescript"))
 		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home)
@@ -340,8 +353,91 @@ func TestAStreamMadeByAnOlderReleaseStartsWithItsReadersBounded(t *testing.T) {
 		}
 	}
 	// Past its maximum, the stream takes no new consumer until enough are gone.
-	anc, _ := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), &harness.AsyncErrors{})
+	anc, _ := auditorConn(t, p.NATSURL(), auditorName, writeAuditorCreds(t, p, auditorName), &harness.AsyncErrors{})
 	if ci := createConsumer(t, anc, subjects.AuditStream(harness.TestSpace), "new", ">", pagerConfig("new", ">")); ci.Name != "" {
 		t.Errorf("a new consumer past the maximum: got %q, want refused", ci.Name)
+	}
+}
+
+// Each auditor has its own reader of each stream, and no other auditor can delete, drain, ack
+// or use it up: whatever consumer an auditor's request names, it reaches its own (the plane
+// account maps it there), and its acks may name only its own. Here the streams hold two
+// consumers: alice creates five times over and still holds one, so bob's fits; alice's delete,
+// info and pull naming bob's consumer reach her own, and her ack of bob's is a permissions
+// violation. Before, every auditor shared one pool of 32 readers, and any could delete any.
+func TestAnAuditorCannotDeleteOrUseUpAnothersReaders(t *testing.T) {
+	t.Parallel()
+	p := harness.StartPlane(t, func(c *service.Config) { c.AuditorConsumers = 2 })
+	seedRecords(t, p)
+	audit := subjects.AuditStream(harness.TestSpace)
+	errs := &harness.AsyncErrors{}
+	alice, _ := auditorConn(t, p.NATSURL(), "alice", writeAuditorCreds(t, p, "alice"), errs)
+	bob, _ := auditorConn(t, p.NATSURL(), "bob", writeAuditorCreds(t, p, "bob"), &harness.AsyncErrors{})
+	for i := range 5 {
+		name := fmt.Sprintf("reader%d", i)
+		if ci := createConsumerAs(t, alice, "alice", audit, name, ">", pagerConfig(name, ">")); ci.Name != "alice" {
+			t.Fatalf("alice's creation %d: got %q (%s), want her own", i, ci.Name, ci.Config.Description)
+		}
+	}
+	if ci := createConsumerAs(t, bob, "bob", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "bob" {
+		t.Fatalf("bob's consumer beside alice's: got %q (%s), want it made", ci.Name, ci.Config.Description)
+	}
+	names := func() []string {
+		var out []string
+		for _, ci := range consumersOf(t, p, audit) {
+			out = append(out, ci.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"alice", "bob"}) {
+		t.Fatalf("the audit stream's consumers: got %v, want alice's and bob's", got)
+	}
+
+	api := subjects.AuditorAPIPrefix(harness.TestSpace, "alice")
+	info, err := alice.Request(api+".CONSUMER.INFO."+audit+".bob", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ci jetstream.ConsumerInfo
+	if err := json.Unmarshal(info.Data, &ci); err != nil || ci.Name != "alice" {
+		t.Errorf("alice's info of bob's consumer: got %s, want her own", info.Data)
+	}
+	inbox := alice.NewInbox()
+	sub, err := alice.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.PublishRequest(api+".CONSUMER.MSG.NEXT."+audit+".bob", inbox, []byte(`{"batch":1,"no_wait":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("alice's pull naming bob's consumer: %v", err)
+	}
+	if meta, err := m.Metadata(); err == nil && meta.Consumer != "alice" {
+		t.Errorf("alice's pull naming bob's consumer delivered from %q, want her own", meta.Consumer)
+	}
+	bobAck := "$JS.ACK." + audit + ".bob.1.1.1.0.0"
+	if err := alice.Publish(bobAck, nil); err != nil {
+		t.Fatal(err)
+	}
+	errs.WaitViolation(t, "Publish", bobAck)
+	if _, err := alice.Request(api+".CONSUMER.DELETE."+audit+".bob", nil, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, []string{"bob"}) {
+		t.Errorf("after alice's delete naming bob's consumer: got %v, want bob's alone (hers deleted)", got)
+	}
+	s, err := p.JS(t).Stream(context.Background(), audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Consumer(context.Background(), "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Delivered.Consumer; got != 0 {
+		t.Errorf("bob's consumer delivered %d messages, want none (only alice pulled)", got)
 	}
 }

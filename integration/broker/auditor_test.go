@@ -19,18 +19,21 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// auditorConn connects to p's broker with an auditor credential (`authplane creds --role
-// auditor`) as the README says to use it: its inbox prefix, and JetStream through the
-// auditor's API prefix. errs collects the connection's asynchronous errors.
-func auditorConn(t testing.TB, url, creds string, errs *harness.AsyncErrors) (*nats.Conn, jetstream.JetStream) {
+// auditorName names the auditor of the tests that need one.
+const auditorName = "alice"
+
+// auditorConn connects to p's broker with auditor name's credential (`authplane creds --role
+// auditor --actor <name>`) as the README says to use it: its inbox prefix, and JetStream through
+// its API prefix. errs collects the connection's asynchronous errors.
+func auditorConn(t testing.TB, url, name, creds string, errs *harness.AsyncErrors) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.CustomInboxPrefix(subjects.AuditorInboxPrefix),
+	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.CustomInboxPrefix(subjects.AuditorInboxPrefix(name)),
 		nats.MaxReconnects(0), errs.Option())
 	if err != nil {
 		t.Fatalf("connect as an auditor: %v", err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.NewWithAPIPrefix(nc, subjects.AuditorAPIPrefix(harness.TestSpace))
+	js, err := jetstream.NewWithAPIPrefix(nc, subjects.AuditorAPIPrefix(harness.TestSpace, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +57,7 @@ func TestAuditorReadsTheAuditAndMintedStreams(t *testing.T) {
 	t.Parallel()
 	p := harness.StartPlane(t, nil)
 	iid := seedRecords(t, p)
-	_, js := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), &harness.AsyncErrors{})
+	_, js := auditorConn(t, p.NATSURL(), auditorName, writeAuditorCreds(t, p, auditorName), &harness.AsyncErrors{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -96,10 +99,10 @@ func TestAuditorReadsTheAuditAndMintedStreams(t *testing.T) {
 	}
 }
 
-// writeAuditorCreds writes an auditor credential for p's space, valid for an hour.
-func writeAuditorCreds(t testing.TB, p *harness.TestPlane) string {
+// writeAuditorCreds writes auditor name's credential for p's space, valid for an hour.
+func writeAuditorCreds(t testing.TB, p *harness.TestPlane, name string) string {
 	t.Helper()
-	return harness.WriteCreds(t, p.Keys(), admin.RoleAuditor, "", "")
+	return harness.WriteCreds(t, p.Keys(), admin.RoleAuditor, "", name)
 }
 
 // auditedPlane starts a plane with records in both streams and connects an auditor to it.
@@ -108,7 +111,7 @@ func auditedPlane(t *testing.T) (*harness.TestPlane, *nats.Conn, jetstream.JetSt
 	p := harness.StartPlane(t, nil)
 	seedRecords(t, p)
 	errs := &harness.AsyncErrors{}
-	nc, js := auditorConn(t, p.NATSURL(), writeAuditorCreds(t, p), errs)
+	nc, js := auditorConn(t, p.NATSURL(), auditorName, writeAuditorCreds(t, p, auditorName), errs)
 	return p, nc, js, errs
 }
 
@@ -116,7 +119,7 @@ func TestAuditorGetsAPermissionsViolationForAnythingButReading(t *testing.T) {
 	t.Parallel()
 	p, nc, js, errs := auditedPlane(t)
 	audit, minted := subjects.AuditStream(harness.TestSpace), subjects.MintedStream(harness.TestSpace)
-	api := subjects.AuditorAPIPrefix(harness.TestSpace)
+	api := subjects.AuditorAPIPrefix(harness.TestSpace, auditorName)
 	secrets, fences := "KV_"+subjects.SecretsBucket(harness.TestSpace), "KV_"+subjects.AuthBucket(harness.TestSpace)
 	before := streamStates(t, p)
 
@@ -193,7 +196,7 @@ func TestAuditorCannotWriteThroughAReplySubjectOrAPushConsumer(t *testing.T) {
 	t.Parallel()
 	p, nc, _, errs := auditedPlane(t)
 	audit := subjects.AuditStream(harness.TestSpace)
-	api := subjects.AuditorAPIPrefix(harness.TestSpace)
+	api := subjects.AuditorAPIPrefix(harness.TestSpace, auditorName)
 	key := "$KV." + subjects.AuthBucket(harness.TestSpace) + ".epgate.auth.evil"
 	before := streamStates(t, p)
 

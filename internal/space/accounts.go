@@ -103,6 +103,10 @@ func (m *Keys) planeClaims() *jwt.AccountClaims {
 		}
 		plane.Exports.Add(e)
 	}
+	// An auditor's requests reach JetStream through these, each about its own consumer.
+	for from, to := range subjects.AuditorMappings(m.Space) {
+		plane.AddMapping(jwt.Subject(from), jwt.WeightedMapping{Subject: jwt.Subject(to)})
+	}
 	return plane
 }
 
