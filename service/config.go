@@ -17,7 +17,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/revocation"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -283,10 +282,10 @@ func (c Config) Validate() error {
 		// serves must end in the third that is left.
 		bad("--plane-user-ttl %s: want more than three times --request-timeout (%s)", c.PlaneUserTTL, c.RequestTimeout)
 	}
-	// A revoked key stays on the revocation set for the longest life a credential may have:
-	// the standing TTL's bound is that life.
-	if c.StandingTTL < 5*time.Second || c.StandingTTL > revocation.LongestLife {
-		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, revocation.LongestLife)
+	// The minted records are kept twice the longest life a credential may have
+	// (store.MintedMaxAge): the standing TTL's bound is that life.
+	if c.StandingTTL < 5*time.Second || c.StandingTTL > store.MintedMaxAge/2 {
+		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, store.MintedMaxAge/2)
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)

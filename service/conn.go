@@ -21,13 +21,13 @@ import (
 
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
 // account; every reconnect presents a newly signed JWT. reconnected, when set, runs after every
-// reconnection.
-func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
+// reconnection; extra are options of this connection's own.
+func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
 	auth, err := iss.Connect(p.userName(role), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
 	}
-	return p.dialWith(role, auth, reconnected)
+	return p.dialWith(role, auth, reconnected, extra...)
 }
 
 // userName is the name of the plane's own user of role.
@@ -36,8 +36,8 @@ func (p *Plane) userName(role string) string { return "plane." + role + "_" + p.
 // dialWith opens one of the plane's own connections, authenticated by auth: in process to an
 // embedded broker, else to the cluster's URL. A connection lost and regained is logged and
 // counted (a renewal's forced reconnect is neither); reconnected, when set, runs after every
-// reconnection.
-func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*nats.Conn, error) {
+// reconnection; extra are options of this connection's own.
+func (p *Plane) dialWith(role string, auth nats.Option, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
 	log := p.log.With("conn", role)
 	var lost atomic.Bool
 	var slow atomic.Uint64
@@ -83,7 +83,7 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func()) (*na
 			log.Warn("NATS async error", "subject", subj, "err", err)
 		}),
 	)
-	nc, err := p.connect(log, opts)
+	nc, err := p.connect(log, append(opts, extra...))
 	if err != nil {
 		return nil, fmt.Errorf("connect %s user to %s: %w", role, broker.RedactURL(p.info.NATSURL), err)
 	}
@@ -183,9 +183,9 @@ func (p *Plane) renewalFailing() string {
 // connectRenewed opens one of the plane's own connections (the store's, the system user's),
 // renewed by reconnecting with a fresh user: a store call cut off by it has an unknown outcome,
 // which every writer settles by re-reading. reconnected, when set, runs after every
-// reconnection.
-func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func()) (*nats.Conn, error) {
-	nc, err := p.dial(role, iss, perms, reconnected)
+// reconnection; extra are options of this connection's own.
+func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
+	nc, err := p.dial(role, iss, perms, reconnected, extra...)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -30,13 +32,21 @@ func (p *Plane) connectSystem() error {
 	if err != nil {
 		return err
 	}
-	relist := func() {
-		select {
-		case p.relist <- struct{}{}:
-		default: // one is pending already
+	// Connection events missed while it was away are put right by a listing, and a server's
+	// (re)join by a push of the newest account JWT.
+	reconnected := func() {
+		for _, c := range []chan struct{}{p.relist, p.repush} {
+			select {
+			case c <- struct{}{}:
+			default: // one is pending already
+			}
 		}
 	}
-	p.system, err = p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), relist)
+	// A push made while the connection is down fails rather than waits in nats.go's buffer: a
+	// buffered one would reach the servers after the connection came back, older than what
+	// was pushed since (a server stores what it is pushed, whatever its issue time).
+	p.system, err = p.connectRenewed("system", sysIssuer, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), reconnected,
+		nats.ReconnectBufSize(-1))
 	return err
 }
 

@@ -3,7 +3,7 @@ package service
 import (
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 )
 
 // Hooks let tests pause the plane at points where races matter.
@@ -16,13 +16,13 @@ type Hooks struct {
 	// WitnessSampleEvery, when set, is how often the witness streams are sampled for the
 	// metrics, instead of every WitnessSampleEvery.
 	WitnessSampleEvery time.Duration
-	// RevocationRecheckEvery, when set, is how often the broker's revocations are checked
-	// against the set, instead of every RevocationRecheckEvery.
-	RevocationRecheckEvery time.Duration
+	// SignersRecheckEvery, when set, is how often the broker's signing keys are checked
+	// against the set, instead of every SignersRecheckEvery.
+	SignersRecheckEvery time.Duration
 	// SyncCheckEvery, when set, is how often the servers' sync settings are read again,
 	// instead of every SyncCheckEvery.
 	SyncCheckEvery time.Duration
-	// RevocationBroker, when set, wraps the broker the revocation set pushes to and reads
-	// back from (a fault injected between them).
-	RevocationBroker func(revocation.Broker) revocation.Broker
+	// SignersBroker, when set, wraps the broker the signer set pushes to and reads back from
+	// (a fault injected between them).
+	SignersBroker func(signers.Broker) signers.Broker
 }

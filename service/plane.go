@@ -21,7 +21,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -56,9 +56,9 @@ type Info struct {
 	CreatedMaterial bool
 	// Embedded says the plane runs its own nats-server.
 	Embedded bool
-	// RevocationCapacity is the most keys the data account's revocation set holds: as many as
-	// the account JWT that carries them can within one message of the broker.
-	RevocationCapacity int
+	// InstanceCapacity is the most live manager instances the space holds: as many signing
+	// keys as the data account's JWT can list within one message of the broker.
+	InstanceCapacity int
 }
 
 // Plane is a running authority plane.
@@ -85,8 +85,10 @@ type Plane struct {
 	// did not sync every write at the last reading (durable.go).
 	system   *nats.Conn
 	unsynced atomic.Pointer[[]string]
-	// revocations is the data account's revocation set, applied through the system user.
-	revocations *revocation.Set
+	// signers are the data account's live signing keys, applied through the system user;
+	// repush asks for the newest account JWT to be pushed again (a server (re)joined).
+	signers *signers.Set
+	repush  chan struct{}
 	// dataAccount is the data account reached through the system user's connection; conns
 	// the account's connections held to their budgets through it, relisted when relist is
 	// signalled (its reconnection).
@@ -137,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		cfg.Now = time.Now
 	}
 	p := &Plane{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), rewatch: make(chan struct{}, 1), relist: make(chan struct{}, 1),
-		startCtx: ctx, connectBy: time.Now().Add(cfg.ConnectTimeout)}
+		repush: make(chan struct{}, 1), startCtx: ctx, connectBy: time.Now().Add(cfg.ConnectTimeout)}
 	p.info.Space = cfg.Space
 	p.setPhase("taking the state directory")
 	p.metrics = metrics.New(func() uint64 { return p.info.Epoch }, p.fenced.Load, func() int64 {
@@ -288,7 +290,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
 	p.ready.Store(true)
-	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "revocation_capacity", p.info.RevocationCapacity,
+	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "instance_capacity", p.info.InstanceCapacity,
 		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
 }
@@ -301,32 +303,17 @@ func (p *Plane) Info() Info { return p.info }
 func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
 
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
-// account's (this start's limits, the auditors' imports, the revocation set) and pushes them to
-// every server as the plane's system user, the exporter first, so a broker that lost the
-// revocation set gets it back. Without the operator signing key it says so and leaves the
-// accounts as the material has them.
+// account's (this start's limits, the auditors' imports, the live instances' signing keys) and
+// pushes them to every server as the plane's system user, the exporter first, so a broker that
+// lost the live signing keys gets them back. Without the operator signing key it says so and
+// leaves the accounts as the material has them.
 func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	system := p.system
-	sign := func(revoked map[string]int64) (string, int64, error) {
-		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Revocations: revoked})
-	}
 	p.dataAccount = broker.Account{NC: system, Public: p.keys.Data.Public()}
-	var revoker revocation.Broker = p.dataAccount
-	if p.cfg.Hooks != nil && p.cfg.Hooks.RevocationBroker != nil {
-		revoker = p.cfg.Hooks.RevocationBroker(revoker)
-	}
-	p.revocations = &revocation.Set{
-		Gates:   p.stores.Auth,
-		Account: p.keys.Data.Public(),
-		Sign:    sign,
-		Broker:  revoker,
-		Now:     p.cfg.Now,
+	if err := p.newSigners(system); err != nil {
+		return err
 	}
 	if p.keys.OperatorSigner == nil {
-		// This plane signs no account JWT; ends still put keys on the set for a plane that
-		// can, sized as if it signed one.
-		p.revocations.Capacity = int((system.MaxPayload() - 8<<10) / revocation.PerKey)
-		p.info.RevocationCapacity = p.revocations.Capacity
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
 	}
@@ -337,17 +324,11 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if _, err := (broker.Account{NC: system, Public: p.keys.Plane.Public()}).PushIfChanged(ctx, plane); err != nil {
 		return fmt.Errorf("plane account exports: %w", err)
 	}
-	// The account JWT that carries the set is pushed to, and read back from, every server in
-	// one message: the broker's largest bounds how many keys the set holds.
-	if p.revocations.Capacity, err = revocation.Capacity(sign, system.MaxPayload()); err != nil {
+	if err := p.signers.Repush(ctx, true); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
-	p.info.RevocationCapacity = p.revocations.Capacity
-	if err := p.revocations.Reapply(ctx); err != nil {
-		return fmt.Errorf("data account policy: %w", err)
-	}
-	p.recheckRevocations()
-	return nil
+	p.recheckSigners()
+	return p.watchServers(system)
 }
 
 // healthy says whether the plane can serve now: started, not draining, not fenced, connected,
@@ -420,12 +401,23 @@ func (p *Plane) startBroker() error {
 		p.info.NATSURL = p.cfg.NATSURL
 		return nil
 	}
+	// The newest data account JWT this plane signed is in the resolver before a client is
+	// admitted: the resolver's own file may be older (it is not synced).
+	kept, err := p.keptAccountJWT()
+	if err != nil {
+		return err
+	}
+	var newer []string
+	if kept != "" {
+		newer = append(newer, kept)
+	}
 	b, err := broker.Start(p.keys, broker.Options{
 		Dir:      filepath.Join(p.cfg.Dir, "nats"),
 		Port:     p.cfg.NATSPort,
 		Name:     "authplane-" + p.self(),
 		Logger:   p.log.With("component", "nats-server"),
 		Unsynced: p.cfg.AllowUnsynced,
+		Newer:    newer,
 	})
 	if errors.Is(err, broker.ErrPortInUse) {
 		return fmt.Errorf("--nats-port %d: %w (pick another port, or 0 for a free one)", p.cfg.NATSPort, err)

@@ -72,6 +72,9 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
 	}
+	if p.signers.Sign != nil {
+		pipeline.Signers = p.signers // else every credential is signed with the data account's key
+	}
 	proofKey, err := manager.ProofKey(p.keys.Data.Signer)
 	if err != nil {
 		return nil, err
@@ -96,20 +99,20 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		Records: recorder,
 	}
 	sup := &supervisor.Supervisor{
-		Space:       cfg.Space,
-		Account:     p.keys.Data.Public(),
-		Platform:    p.stores.Platform,
-		Gates:       p.stores.Auth,
-		Ledger:      p.stores.Actors,
-		Issued:      p.stores.Issued,
-		Accepted:    p.stores.Accepted,
-		Engine:      engine,
-		Minted:      recorder,
-		Claims:      claims,
-		Revocations: p.revocations,
-		Audit:       recorder,
-		MaxTTL:      cfg.MaxAssignmentTTL,
-		Now:         cfg.Now,
+		Space:    cfg.Space,
+		Account:  p.keys.Data.Public(),
+		Platform: p.stores.Platform,
+		Gates:    p.stores.Auth,
+		Ledger:   p.stores.Actors,
+		Issued:   p.stores.Issued,
+		Accepted: p.stores.Accepted,
+		Engine:   engine,
+		Minted:   recorder,
+		Claims:   claims,
+		Signers:  p.signers,
+		Audit:    recorder,
+		MaxTTL:   cfg.MaxAssignmentTTL,
+		Now:      cfg.Now,
 	}
 	if cfg.Hooks != nil {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep

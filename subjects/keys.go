@@ -60,8 +60,8 @@ func GateKey(endpoint, iid string) string { return "epgate." + endpoint + "." + 
 // RunFenceKey is the key of a run fence in AuthBucket.
 func RunFenceKey(runID string) string { return "runfence.manager." + runID }
 
-// RevocationsKey is the key of an account's revocation set in AuthBucket.
-func RevocationsKey(account string) string { return "revocations." + account }
+// SignersKey is the key of an account's live signing keys in AuthBucket.
+func SignersKey(account string) string { return "signers." + account }
 
 // NKeyClaimKey is the key of the claim on a user nkey in AuthBucket: the one instance that
 // registered it first, for life.

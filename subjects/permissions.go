@@ -136,9 +136,9 @@ func StorePermissions(space string) Permissions {
 // SystemPermissions are those of the plane's system-account user: it pushes the data and plane
 // accounts' JWTs to the broker's resolvers, reads the data account's back from each, lists that
 // account's connections on each server, hears them open and close, kicks one past its budget,
-// counts the servers and reads each one's configuration (does it sync every write); nothing
-// else, and for no other account (a kick names a server and a connection id, not an account:
-// the plane kicks only what the data account's events named).
+// counts the servers, reads each one's configuration (does it sync every write) and hears them
+// (re)join; nothing else, and for no other account (a kick names a server and a connection id,
+// not an account: the plane kicks only what the data account's events named).
 func SystemPermissions(dataAccount, planeAccount string) Permissions {
 	return Permissions{
 		Pub: []string{
@@ -151,7 +151,7 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			ServerPing,
 			ServerVarz,
 		},
-		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount)},
+		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount), ServerStats},
 	}
 }
 

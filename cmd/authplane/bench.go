@@ -34,8 +34,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection (1 to 1024)")
 	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase, after a warm-up of a fifth of it, at most 1s (100ms to 10m)")
-	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end against a filled revocation set), storm (bearer connections at once through the auth callout)")
-	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the revocation set's sizes (keys) to fill it to, ascending (each 0 to 1000000, or max: the largest below its capacity that leaves room for the phase's own ends)")
+	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end with the space filled with live instances), storm (bearer connections at once through the auth callout)")
+	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the live instances to fill the space with, ascending (each 0 to 1000000, or max: the most below its capacity that leaves room for the phase's own ends)")
 	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size (each 1 to 256)")
 	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency (1 to 100)")
 	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal, and as many through the callout ceiling and with direct JWTs (each 1 to 100000)")
@@ -208,7 +208,7 @@ func measure(ctx context.Context, plane *service.Plane, maxConnections int64, di
 		return nil, err
 	}
 	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL,
-		RevocationCapacity: info.RevocationCapacity, Dir: dir}, b)
+		InstanceCapacity: info.InstanceCapacity, Dir: dir}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}
@@ -281,14 +281,14 @@ func printOps(w io.Writer, r *bench.Report) {
 // printEnds prints the end phase's cells.
 func printEnds(w io.Writer, cells []bench.EndCell) {
 	fmt.Fprintf(w, "\n%-20s %8s %8s %8s %8s %8s %10s %10s  %s\n",
-		"supervisor-end", "at once", "ends/s", "p50 ms", "p99 ms", "max ms", "set keys", "JWT bytes", "failed")
+		"supervisor-end", "at once", "ends/s", "p50 ms", "p99 ms", "max ms", "signers", "JWT bytes", "failed")
 	for _, c := range cells {
 		failed := refusedText(c.Failed)
 		if c.NotEvicted > 0 {
 			failed += fmt.Sprintf(" (%d confirmed but not all evicted)", c.NotEvicted)
 		}
 		fmt.Fprintf(w, "%-20s %8d %8.1f %8.0f %8.0f %8.0f %10d %10d  %s\n",
-			fmt.Sprintf("filled to %d", c.Fill), c.Concurrency, c.EndsPerS, c.P50, c.P99, c.Max, c.SetKeys, c.JWTBytes, failed)
+			fmt.Sprintf("%d live", c.Fill), c.Concurrency, c.EndsPerS, c.P50, c.P99, c.Max, c.Signers, c.JWTBytes, failed)
 	}
 }
 

@@ -386,7 +386,7 @@ func TestProtocolRefusalTextsAreTheCodes(t *testing.T) {
 			t.Errorf("PROTOCOL.md:%d (%s): %q is answered %v, not %s", r.line, r.section, r.text, codes, r.code)
 		}
 	}
-	serving := regexp.MustCompile(`^\.\./(handlers|internal/(manager|supervisor|issue|fault|body))/`)
+	serving := regexp.MustCompile(`^\.\./(handlers|internal/(manager|supervisor|issue|fault|body|signers))/`)
 	for _, c := range texts {
 		if c.code == "" || c.code == fault.BadRequest || c.code == fault.Internal || !serving.MatchString(c.at) || slices.Contains(notAnswered, c.format) {
 			continue

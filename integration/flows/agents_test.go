@@ -21,7 +21,7 @@ import (
 
 // After `authplane agent --revoke`, a connection opened with the old bearer must not stay up
 // until the bearer's exp (up to 300 s). The revoke kicks every live
-// connection of the agent (not through the account's revocation set) and the callout refuses
+// connection of the agent (a kick: its users are the callout's) and the callout refuses
 // it again; another agent of the same owner keeps its connection.
 func TestAgentRevokeClosesItsLiveConnections(t *testing.T) {
 	t.Parallel()

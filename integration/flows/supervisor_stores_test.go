@@ -64,11 +64,11 @@ func TestTheAcceptedRowStreamRefusesASecondWriteEvenFromAWriterThatBypassesThePl
 	}
 }
 
-// TestTheRevocationSetIsReappliedAtEveryStart: a broker that lost the data account's JWT (its
-// resolver's store is gone) starts again from the space material, which revokes nothing; the
-// plane's next start applies the revocation set again, and the ended supervisor's credential
-// is refused.
-func TestTheRevocationSetIsReappliedAtEveryStart(t *testing.T) {
+// TestTheLiveSigningKeysAreReappliedAtEveryStart: a broker that lost the data account's JWT
+// (its resolver's store is gone) starts again from the space material, which lists no
+// instance's key; the plane's next start signs and pushes the live keys again, and the ended
+// supervisor's credential is refused (its key is not among them).
+func TestTheLiveSigningKeysAreReappliedAtEveryStart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	onDir := func(c *service.Config) { c.Dir = dir }
@@ -88,9 +88,9 @@ func TestTheRevocationSetIsReappliedAtEveryStart(t *testing.T) {
 }
 
 // TestWithoutTheOperatorSigningKeyAnEndSaysItDidNotRevoke: an operator that keeps its signing
-// key elsewhere gets an end that retires everything the plane holds and puts the keys on the
-// revocation set, and says revoked:false with the reason; the expiry clamp still bounds the
-// credentials.
+// key elsewhere gets an end that retires everything the plane holds and says revoked:false with
+// the reason (every credential was signed with the data account's own key, which no end can
+// take off); the expiry clamp still bounds the credentials.
 func TestWithoutTheOperatorSigningKeyAnEndSaysItDidNotRevoke(t *testing.T) {
 	t.Parallel()
 	sa := harness.StartStandalone(t, harness.TestSpace)

@@ -41,7 +41,8 @@ import (
 //     revoked run fence was never written again, and its marker is the one the revoke returned;
 //   - no credential's exp passes its ceiling: its duty's lifetime and, for a supervised
 //     instance, its assignment's end (which its gate carries as supervisedUntil and its issued
-//     evidence as its ceiling); an ended instance's every key is on the revocation set;
+//     evidence as its ceiling); every credential is signed by its instance's own key, and an
+//     ended instance's key is off the signer set and not listed at the broker;
 //   - write-once rows are written once: the write-once buckets never lost a message to a second
 //     write of its key, an nkey claim keeps the revision it was created at (before the
 //     registration that claimed it), and an issued generation's evidence is the one its attempt
@@ -76,8 +77,10 @@ type received struct {
 	runID string
 	duty  string
 	nkey  string
-	exp   int64 // seconds, from the JWT
-	iat   int64 // seconds, from the JWT
+	// signer is the key that signed it, from the JWT.
+	signer string
+	exp    int64 // seconds, from the JWT
+	iat    int64 // seconds, from the JWT
 	// epoch is the gate's process epoch the mint stood on; gate the revision its commit on the
 	// gate landed at.
 	epoch, gate uint64
@@ -112,7 +115,7 @@ func (inv *invariants) decoded(t testing.TB, what, duty string, c client.Credent
 		t.Errorf("%s %s: got issuer account %s exp %d (reply: %d), want the data account %s and the reply's exp", what, duty, uc.IssuerAccount, uc.Expires, c.Exp, inv.p.Account())
 		return received{}, false
 	}
-	return received{what: what, duty: duty, nkey: uc.Subject, exp: uc.Expires, iat: uc.IssuedAt}, true
+	return received{what: what, duty: duty, nkey: uc.Subject, signer: uc.Issuer, exp: uc.Expires, iat: uc.IssuedAt}, true
 }
 
 // material records m, a manager-authority or supervisor-authority reply with credentials. A
@@ -406,27 +409,25 @@ func (inv *invariants) checkCeilings(t testing.TB, fresh []received) {
 			t.Errorf("%s: exp %d past its assignment's end %d", c, c.exp, ends[c.iid])
 		}
 	}
-	// An ended instance's every key is on the revocation set, revoked no earlier than it was
-	// issued.
-	var set struct {
-		Revoked map[string]int64 `json:"revoked"`
-	}
+	// Every credential is signed by its instance's own key; an ended instance's key is off the
+	// signer set and off the account JWT the broker holds.
+	var live map[string]int64
+	var claims *jwt.AccountClaims
 	for _, c := range fresh {
+		if want := harness.SignerOf(t, inv.p.Keys(), c.iid); c.signer != want {
+			t.Errorf("%s: signed by %s, want its instance's key %s", c, c.signer, want)
+		}
 		if _, ended := inv.frozen[c.iid]; !ended {
 			continue
 		}
-		if set.Revoked == nil {
-			m, err := harness.FenceEntry(t, inv.p, subjects.RevocationsKey(inv.p.Account()))
-			if err == nil {
-				err = json.Unmarshal(m.Data, &set)
-			}
-			if err != nil {
-				t.Errorf("the revocation set: %v", err)
-				return
-			}
+		if live == nil {
+			live = harness.LiveSigners(t, inv.p)
+			claims, _ = harness.DataAccountAtBroker(t, inv.p)
 		}
-		if at, ok := set.Revoked[c.nkey]; !ok || at < c.iat {
-			t.Errorf("%s: key %s revoked at %d (listed: %t), want revoked at or after its issue at %d", c, c.nkey, at, ok, c.iat)
+		_, onSet := live[c.iid]
+		_, atBroker := claims.SigningKeys[c.signer]
+		if onSet || atBroker {
+			t.Errorf("%s: the ended instance's key is on the signer set (%v) or listed at the broker (%v)", c, onSet, atBroker)
 		}
 	}
 }

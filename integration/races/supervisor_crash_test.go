@@ -47,7 +47,7 @@ func normalized(t testing.TB, s *harness.Supervised, r *client.EndReport) string
 }
 
 // finalState describes, from the stores, where s's end left it: the gate, the assignment, the
-// generations' attempts, and which of its keys the revocation set holds.
+// generations' attempts, and whether its signing key is live.
 func finalState(t testing.TB, p *harness.TestPlane, s *harness.Supervised, r *client.EndReport) string {
 	t.Helper()
 	var g gate.Row
@@ -64,17 +64,8 @@ func finalState(t testing.TB, p *harness.TestPlane, s *harness.Supervised, r *cl
 		harness.ReadRecord(t, p, subjects.IssuedBucket(harness.TestSpace), "$KV."+subjects.IssuedBucket(harness.TestSpace)+"."+key, &at)
 		state += fmt.Sprintf(", %s generation %s", gen.Duty, at.State)
 	}
-	var set struct {
-		Revoked map[string]int64 `json:"revoked"`
-	}
-	harness.ReadRecord(t, p, subjects.AuthBucket(harness.TestSpace), "$KV."+subjects.AuthBucket(harness.TestSpace)+"."+subjects.RevocationsKey(p.Account()), &set)
-	held := 0
-	for _, k := range harness.IdentityKeys(t, s.M) {
-		if _, ok := set.Revoked[k]; ok {
-			held++
-		}
-	}
-	return state + fmt.Sprintf(", %d of its 5 keys on the revocation set", held)
+	_, live := harness.LiveSigners(t, p)[s.M.Iid]
+	return state + fmt.Sprintf(", its key on the signer set %v, listed at the broker %v", live, harness.Listed(t, p, s.M.Iid))
 }
 
 // TestARetriedEndCompletesAfterACrashAtEveryStep: an end stopped after step N (1 to 5) by a

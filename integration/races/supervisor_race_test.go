@@ -200,9 +200,10 @@ func (l laneT) FailNow() { l.Fail(); runtime.Goexit() }
 // TestEndRacingSupervisorMintsAndSelfRenewalsLeavesNothingValid: 200 rounds, twenty at a time on
 // one plane, of supervisor-authority renewals and the manager's own renewals running while
 // supervisor-end runs, each round checked against the invariants of docs/SECURITY.md: no mint commits at or
-// after the freeze's revision; every key minted is on the revocation set and on the list the end
-// returns; no credential's exp passes the assignment's end; the generations' evidence is what
-// was staged. (Ends that run together share their pushes to the broker.)
+// after the freeze's revision; every credential is signed by its instance's key, which is off
+// the signer set and the broker once the end returns, and every key minted is on the list the
+// end returns; no credential's exp passes the assignment's end; the generations' evidence is
+// what was staged. (Ends that run together share their pushes to the broker.)
 func TestEndRacingSupervisorMintsAndSelfRenewalsLeavesNothingValid(t *testing.T) {
 	harness.Long(t, "a race's volume")
 	t.Parallel()

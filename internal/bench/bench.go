@@ -21,7 +21,7 @@ import (
 )
 
 // Phases of a run, in the order they run: the operations against their ceilings, the
-// supervisor ends against a filled revocation set, the reconnect storm through the callout.
+// supervisor ends in a space filled with live instances, the reconnect storm through the callout.
 const (
 	PhaseOps   = "ops"
 	PhaseEnds  = "ends"
@@ -52,7 +52,7 @@ type Config struct {
 	// Workers is how many micro service instances serve the echo ceiling: the plane's own
 	// --workers, so the echo answers as many requests at once as the plane's endpoint does.
 	Workers int
-	// EndFill are the revocation set's sizes (keys) the end phase fills it to, in ascending
+	// EndFill are the live instances the end phase fills the space with, in ascending
 	// order; EndConcurrency the numbers of ends it runs at once at each; EndRounds how many
 	// rounds of them at each.
 	EndFill        []int
@@ -141,12 +141,12 @@ type Target struct {
 	Keys *space.Keys
 	// MaxConnections is the plane's limit on the data account's connections, which the data
 	// account's JWT carries: the bench signs that JWT as the plane does when it fills the
-	// revocation set.
+	// space with live instances.
 	MaxConnections int64
 	// HTTPURL is the plane's loopback HTTP face; its metrics count the callout's answers.
 	HTTPURL string
-	// RevocationCapacity is the most keys the data account's revocation set holds.
-	RevocationCapacity int
+	// InstanceCapacity is the most live manager instances the space holds.
+	InstanceCapacity int
 	// Dir is the plane's state directory: where the disk ceilings are measured.
 	Dir string
 }

@@ -9,17 +9,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// FillMax in Config.EndFill (`--end-fill max`) is the largest size below the set's capacity
-// that leaves room for the phase's own ends.
+// FillMax in Config.EndFill (`--end-fill max`) is the largest number of live instances below
+// the space's capacity that leaves room for the phase's own ends.
 const FillMax = -1
 
 // endTimeout bounds one end as the platform admin waits for it: past the plane's own request
@@ -27,7 +28,7 @@ const FillMax = -1
 const endTimeout = 30 * time.Second
 
 // EndCell is one cell of the end phase: Concurrency ends at once, Rounds times, with the data
-// account's revocation set filled to Fill keys before the cell.
+// account's JWT listing the signing keys of Fill live instances before the cell.
 type EndCell struct {
 	Fill        int `json:"fill"`
 	Concurrency int `json:"concurrency"`
@@ -44,112 +45,117 @@ type EndCell struct {
 	P50 float64 `json:"p50_ms"`
 	P99 float64 `json:"p99_ms"`
 	Max float64 `json:"max_ms"`
-	// SetKeys is how many keys the data account's JWT revokes after the cell, and JWTBytes its
-	// size.
-	SetKeys  int `json:"set_keys"`
+	// Signers is how many signing keys the data account's JWT lists after the cell, and
+	// JWTBytes its size.
+	Signers  int `json:"signers"`
 	JWTBytes int `json:"account_jwt_bytes"`
 }
 
 // runEnds runs the end phase: for each fill of cfg.EndFill in turn (the set only grows), the
-// revocation set is filled to it with made-up user keys, then for each concurrency of
-// cfg.EndConcurrency, cfg.EndRounds rounds of that many supervisor-ends at once, each of a
-// lifecycle assigned, prepared and activated beforehand.
+// data account's JWT is made to list that many live instances' signing keys (made-up instances
+// whose gates are open), then for each concurrency of cfg.EndConcurrency, cfg.EndRounds rounds
+// of that many supervisor-ends at once, each of a lifecycle assigned, prepared and activated
+// beforehand.
 func runEnds(ctx context.Context, t Target, s *side, cfg Config, progress io.Writer) ([]EndCell, error) {
 	admin, err := connect(ctx, t, newPlatformOwner(), "bench_admin", ledger.PlatformAdmin)
 	if err != nil {
 		return nil, err
 	}
 	defer admin.cli.Close()
-	fills, err := resolveFill(cfg, t.RevocationCapacity)
+	fills, err := resolveFill(cfg, t.InstanceCapacity)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "bench: ends: the revocation set holds at most %d keys; filling it to %v\n", t.RevocationCapacity, fills)
+	fmt.Fprintf(progress, "bench: ends: the space holds at most %d live instances; filling it to %v\n", t.InstanceCapacity, fills)
 	var cells []EndCell
 	for _, fill := range fills {
 		if err := fillSet(ctx, t, s, fill); err != nil {
-			return cells, fmt.Errorf("fill the revocation set to %d keys: %w", fill, err)
+			return cells, fmt.Errorf("fill the data account's signing keys to %d: %w", fill, err)
 		}
 		for _, c := range cfg.EndConcurrency {
 			cell, err := endCell(ctx, admin.cli, s, cfg, fill, c)
 			if err != nil {
 				return cells, err
 			}
-			fmt.Fprintf(progress, "bench: ends at %d at once, set filled to %d: %.1f ends/s, p50 %.0f ms, p99 %.0f ms, failed %v; the set holds %d keys, the account JWT %d bytes\n",
-				c, fill, cell.EndsPerS, cell.P50, cell.P99, cell.Failed, cell.SetKeys, cell.JWTBytes)
+			fmt.Fprintf(progress, "bench: ends at %d at once, %d live instances: %.1f ends/s, p50 %.0f ms, p99 %.0f ms, failed %v; the account JWT lists %d keys in %d bytes\n",
+				c, fill, cell.EndsPerS, cell.P50, cell.P99, cell.Failed, cell.Signers, cell.JWTBytes)
 			cells = append(cells, cell)
 		}
 	}
 	return cells, nil
 }
 
-// fillSet puts made-up user keys on the data account's revocation set until the account JWT
-// every server holds revokes at least fill keys. It goes through the set's own Revoke, as an
-// end does: the keys join the row, the account JWT is signed and pushed, and every server's
-// copy is read back.
+// fillSet registers made-up instances (open gates) and has their signing keys listed until
+// the account JWT every server holds lists at least fill of them. It goes through the set's
+// own rounds, as a first prepare does: the instances join the row, the account JWT is signed
+// and pushed, and every server's copy is read back.
 func fillSet(ctx context.Context, t Target, s *side, fill int) error {
 	_, have, err := s.dataAccount(ctx)
-	if err != nil || have >= fill {
+	if err != nil || have-1 >= fill { // the account's own key is listed too
 		return err
-	}
-	keys := make([]string, 0, fill-have)
-	for range fill - have {
-		kp, err := nkeys.CreateUser()
-		if err != nil {
-			return err
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			return err
-		}
-		keys = append(keys, pub)
 	}
 	gates, err := s.bucket(ctx, subjects.AuthBucket(t.Keys.Space))
 	if err != nil {
 		return err
 	}
-	set := &revocation.Set{
-		Gates:   gates,
-		Account: t.Keys.Data.Public(),
-		Sign: func(revoked map[string]int64) (string, int64, error) {
-			// What the plane signs: its limits, and the set.
-			return t.Keys.DataAccountJWT(space.DataPolicy{MaxConnections: t.MaxConnections, Revocations: revoked})
-		},
-		Broker:   s.data,
-		Now:      time.Now,
-		Capacity: t.RevocationCapacity,
-	}
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	out, err := set.Revoke(rctx, keys)
+	set, err := benchSigners(t, gates, s)
 	if err != nil {
 		return err
 	}
-	if !out.Done() {
-		return fmt.Errorf("%d keys not revoked: %s", len(out.Unrevoked), out.Reason)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, fill-(have-1))
+	sem := make(chan struct{}, 256)
+	for i := range errs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			iid := ids.Secret(16)
+			row := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(newOwner(), subjects.ServeActor(iid))}
+			if _, errs[i] = gate.Of(gates, subjects.GateEndpointManager, iid).Update(rctx, func(*gate.Gate) (gate.Row, error) { return row, nil }); errs[i] != nil {
+				return
+			}
+			_, errs[i] = set.Issuer(rctx, iid, true)
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
-// keysPerEnd is how many keys an end of the phase adds to the set: its lifecycle's five duty
-// keys, minted by the supervised prepare and activate.
-const keysPerEnd = 5
+// benchSigners is the data account's signer set as the plane keeps it, on the plane's bucket.
+func benchSigners(t Target, gates fence.KV, s *side) (*signers.Set, error) {
+	keys, err := signers.NewKeys(t.Keys.Space, t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	own, err := t.Keys.Data.Signer.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	return &signers.Set{Gates: gates, Account: t.Keys.Data.Public(), Own: own, Keys: keys, Broker: s.data, Now: time.Now,
+		Capacity: t.InstanceCapacity, Settle: time.Hour,
+		Sign: func(signing []string) (string, int64, error) {
+			// What the plane signs: its limits, and the keys.
+			return t.Keys.DataAccountJWT(space.DataPolicy{MaxConnections: t.MaxConnections, Signers: signing})
+		}}, nil
+}
 
-// resolveFill turns the fills of cfg into sizes: FillMax is the largest that leaves room on
-// the set for the keys of every end the phase runs.
+// resolveFill turns the fills of cfg into sizes: FillMax is the largest that leaves room in
+// the space for the instance of every end the phase runs.
 func resolveFill(cfg Config, capacity int) ([]int, error) {
 	ends := 0
 	for _, c := range cfg.EndConcurrency {
 		ends += c * cfg.EndRounds
 	}
-	room := capacity - keysPerEnd*ends // the keys of earlier sizes' ends count toward a size
+	room := capacity - ends // the instances of earlier sizes' ends count toward a size until ended
 	var out []int
 	for _, f := range cfg.EndFill {
 		if f == FillMax {
 			f = room
 		}
 		if f < 0 || f > room {
-			return nil, fmt.Errorf("--end-fill %d: the set holds at most %d keys, and the phase's ends add up to %d", f, capacity, capacity-room)
+			return nil, fmt.Errorf("--end-fill %d: the space holds at most %d live instances, and the phase's ends add up to %d", f, capacity, capacity-room)
 		}
 		out = append(out, f)
 	}
@@ -230,7 +236,7 @@ func endCell(ctx context.Context, admin *client.Client, s *side, cfg Config, fil
 		cell.Max = ms(lat[len(lat)-1])
 	}
 	var err error
-	cell.JWTBytes, cell.SetKeys, err = s.dataAccount(ctx)
+	cell.JWTBytes, cell.Signers, err = s.dataAccount(ctx)
 	return cell, err
 }
 

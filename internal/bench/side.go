@@ -83,8 +83,8 @@ func (s *side) bucket(ctx context.Context, name string) (*store.KV, error) {
 }
 
 // dataAccount reads the data account's JWT back from every server and returns the largest
-// (every server should hold the same), its size in bytes and how many keys it revokes.
-func (s *side) dataAccount(ctx context.Context) (size, revoked int, err error) {
+// (every server should hold the same), its size in bytes and how many signing keys it lists.
+func (s *side) dataAccount(ctx context.Context) (size, signing int, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	tokens, err := s.data.Lookup(cctx, s.servers)
@@ -97,13 +97,13 @@ func (s *side) dataAccount(ctx context.Context) (size, revoked int, err error) {
 			return 0, 0, fmt.Errorf("the data account's JWT: %w", err)
 		}
 		if len(token) > size {
-			size, revoked = len(token), len(ac.Revocations)
+			size, signing = len(token), len(ac.SigningKeys)
 		}
 	}
 	if size == 0 {
 		return 0, 0, errors.New("no server holds the data account")
 	}
-	return size, revoked, nil
+	return size, signing, nil
 }
 
 // connections sums the client connections every server counts.

@@ -36,6 +36,10 @@ type Options struct {
 	// Unsynced runs JetStream without syncing every write: it syncs every two minutes, so an
 	// OS crash or a power cut can take back what it acknowledged (`--allow-unsynced`).
 	Unsynced bool
+	// Newer are account JWTs newer than the material's (the data account's newest, as the
+	// plane keeps it), put into the resolver before the server starts listening, each only if
+	// it is not older than the one the resolver holds: no client is admitted before them.
+	Newer []string
 }
 
 // Broker is a running embedded nats-server.
@@ -73,6 +77,15 @@ func Start(m *space.Keys, o Options) (*Broker, error) {
 	for _, a := range m.Accounts() {
 		if err := resolver.Store(a.Public(), a.JWT); err != nil {
 			return nil, fmt.Errorf("store %s account JWT: %w", a.Name, err)
+		}
+	}
+	for _, token := range o.Newer {
+		claims, err := jwt.DecodeAccountClaims(token)
+		if err != nil {
+			return nil, fmt.Errorf("an account JWT to start with: %w", err)
+		}
+		if err := resolver.Store(claims.Subject, token); err != nil {
+			return nil, fmt.Errorf("store account JWT %s: %w", claims.Subject, err)
 		}
 	}
 	port := o.Port

@@ -16,7 +16,8 @@ const Private os.FileMode = 0o600
 const PrivateDir os.FileMode = 0o700
 
 // WriteAtomic writes data to path with mode perm through a temporary file in the same
-// directory, synced and renamed into place, so a reader sees the old file or the new one.
+// directory, synced and renamed into place, so a reader sees the old file or the new one; the
+// directory is synced too, so the new one survives a power cut once WriteAtomic returns.
 func WriteAtomic(path string, data []byte, perm os.FileMode) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -40,7 +41,19 @@ func WriteAtomic(path string, data []byte, perm os.FileMode) (err error) {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir syncs dir, so an entry renamed into it is on disk.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // EnsureDir creates dir (and its parents) with mode PrivateDir if it does not exist.

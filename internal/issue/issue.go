@@ -105,9 +105,12 @@ type Plan struct {
 	Binds []Key
 	// Spends are tenant budgets the plan spends before it signs, together with its owner's new
 	// keys: all of them, or, when any is spent, none (and nothing is written).
-	Spends  []Spend
-	Ceiling Ceiling
-	Steps   []Step
+	Spends []Spend
+	// Registered says the plan saw its instance's gate registered and open before signing:
+	// its signing key, once seen live, is taken to be live still (Signers).
+	Registered bool
+	Ceiling    Ceiling
+	Steps      []Step
 	// Hook, when set, runs after the credentials are signed and recorded `minted` and before
 	// the first commit (the supervisor stages its generations here). An error discards the
 	// mint; a *fault.Error is answered as it is.
@@ -165,10 +168,22 @@ type Recorder interface {
 	Discarded(ctx context.Context, req audit.Request, creds []audit.Credential, refusal *fault.Error)
 }
 
+// Signers gives each manager instance the issuer of its own signing key, once the broker lists
+// the key (docs/SECURITY.md, "How": revocation by removal).
+type Signers interface {
+	// Issuer returns the issuer of instance iid's credentials; registered says its gate was
+	// seen registered and open. A refusal is a *fault.Error.
+	Issuer(ctx context.Context, iid string, registered bool) (*mint.Issuer, error)
+}
+
 // Pipeline mints for one account.
 type Pipeline struct {
+	// Issuer signs what no instance's key signs: the auth callout's users, and every
+	// credential when Signers is nil (a plane without the operator signing key).
 	Issuer *mint.Issuer
-	Audit  Recorder
+	// Signers, when set, signs each instance's credentials with the instance's own key.
+	Signers Signers
+	Audit   Recorder
 	// Claims are the claims on user nkeys: a key another instance claimed is refused before
 	// signing, and a new one claimed in the commit.
 	Claims *claim.Claims
@@ -234,6 +249,12 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if err := p.spend(work, plan, fresh); err != nil {
 		return nil, err
 	}
+	issuer := p.Issuer
+	if p.Signers != nil && !plan.Instance.IsServerChosen() {
+		if issuer, err = p.Signers.Issuer(work, plan.Instance.ID(), plan.Registered); err != nil {
+			return nil, err
+		}
+	}
 
 	out := &Issued{At: now, Credentials: make([]Credential, 0, len(plan.Grants))}
 	recorded := make([]audit.Credential, 0, len(plan.Grants))
@@ -250,7 +271,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 			return nil, fault.New(fault.PermissionDenied, "%s ends at %s, within the second; it issues nothing",
 				plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
 		}
-		token, err := p.Issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp, Limits: p.Limits})
+		token, err := issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp, Limits: p.Limits})
 		if err != nil {
 			return nil, fault.Wrap(fault.Internal, err, "signing the %s credential failed", g.Duty)
 		}

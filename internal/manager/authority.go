@@ -248,7 +248,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	// The registration binds all five identities, which later mints sign: the pipeline claims
 	// them for the instance in this commit, before the quota and the gate.
 	steps = append(steps, issue.Replaced(g, row))
-	m, err := e.mint(ctx, caller.Owner, req, about, row, steps, spends, sup,
+	m, err := e.mint(ctx, caller.Owner, req, about, row, !g.Absent(), steps, spends, sup,
 		subjects.DutySupervisor, subjects.DutyExecutor)
 	if err != nil {
 		return nil, err
@@ -319,7 +319,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
-	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, nil, sup,
+	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, true, []issue.Step{issue.Unchanged(g)}, nil, sup,
 		subjects.DutyServe, subjects.DutyGoalWriter, subjects.DutySessionLedger)
 	if err != nil {
 		return nil, err
@@ -341,15 +341,16 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 	if req.Operation == OpRenewStandingBundle {
 		duties = subjects.StandingDuties
 	}
-	return e.mint(ctx, caller.Owner, req, about, g.Row, []issue.Step{issue.Unchanged(g)}, nil, sup, duties...)
+	return e.mint(ctx, caller.Owner, req, about, g.Row, true, []issue.Step{issue.Unchanged(g)}, nil, sup, duties...)
 }
 
 // mint issues duties of owner's instance through the pipeline, committing with steps (the
 // manager's gate last), and shapes the material. row is the gate row the material describes
-// (for prepare, the registration it writes). A supervised instance's every credential, and
+// (for prepare, the registration it writes); registered says the gate was read registered and
+// open (every operation but the first prepare of an instance). A supervised instance's every credential, and
 // every credential a platform supervisor asks for, is clamped to its assignment's end, and
 // refused once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, registered bool, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	if slices.Contains(duties, subjects.DutyServe) {
 		// The serve duty receives its owner's run-starts: the owner's witness captures them
@@ -360,7 +361,7 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends}
+	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends, Registered: registered}
 	if req.Operation == OpPrepare {
 		for _, d := range subjects.StandingDuties {
 			nkey, field := identityKey(req.Identities)(d)

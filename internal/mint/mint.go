@@ -44,6 +44,9 @@ func NewIssuer(account string, signer nkeys.KeyPair, now func() time.Time) (*Iss
 // Account returns the public key of the account the issuer's users belong to.
 func (i *Issuer) Account() string { return i.account }
 
+// Signer returns the public key of the key the issuer signs with.
+func (i *Issuer) Signer() string { return i.signerPub }
+
 // User describes one credential to sign.
 type User struct {
 	// Name is the principal, `<owner>.<actor>`; never read back from tags.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -166,18 +165,17 @@ func (r *resolver) Connections(context.Context, []string, int) (map[string]int, 
 	return nil, nil
 }
 
-// revokes returns the revocations of the account JWT the resolver holds.
-func (r *resolver) revokes() map[string]int64 {
+// signers returns the signing keys the account JWT the resolver holds lists.
+func (r *resolver) signers() map[string]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.held == "" {
-		return nil
+	out := map[string]bool{}
+	if c, err := jwt.DecodeAccountClaims(r.held); err == nil {
+		for k := range c.SigningKeys {
+			out[k] = true
+		}
 	}
-	c, err := jwt.DecodeAccountClaims(r.held)
-	if err != nil {
-		return nil
-	}
-	return maps.Clone(map[string]int64(c.Revocations))
+	return out
 }
 
 // witnessAll witnesses every run-start: the schedules are not about the witness.

@@ -121,19 +121,28 @@ func (w *world) parseGate(wr write) (gate.Row, error) {
 	return row, err
 }
 
-// revocationSet is the data account's revocation set as stored: key → revocation time.
-func (w *world) revocationSet() map[string]int64 {
-	e, err := w.gates.KV.Get(context.Background(), subjects.RevocationsKey(w.account))
+// signerSet is the data account's live instances as stored: instance → when its key was added.
+func (w *world) signerSet() map[string]int64 {
+	e, err := w.gates.KV.Get(context.Background(), subjects.SignersKey(w.account))
 	if err != nil {
 		return map[string]int64{}
 	}
 	var r struct {
-		Revoked map[string]int64 `json:"revoked"`
+		Live map[string]int64 `json:"live"`
 	}
 	if json.Unmarshal(e.Value, &r) != nil {
 		return map[string]int64{}
 	}
-	return r.Revoked
+	return r.Live
+}
+
+// signerOf is the public signing key of instance iid.
+func (w *world) signerOf(iid string) string {
+	pub, err := w.instanceKeys.Public(iid)
+	if err != nil {
+		panic(err)
+	}
+	return pub
 }
 
 var stateOrder = map[string]int{gate.Open: 0, gate.Frozen: 1, gate.Retired: 2,
@@ -342,10 +351,21 @@ func (w *world) check(t failer, when int) {
 		}
 	}
 
-	// Every ended lifecycle's keys are on the revocation set (at a time no earlier than any of
-	// their credentials was issued), or recorded unrevocable, until every credential they
-	// revoke has expired.
-	set := w.revocationSet()
+	// Every credential is signed by its instance's own key (with the operator signing key) or
+	// by the data account's (without it). Every ended lifecycle's instance key is off the set,
+	// or its keys recorded unrevocable, until every credential it signed has expired.
+	set := w.signerSet()
+	for _, h := range handed {
+		want := w.own
+		if w.cfg.signer {
+			want = w.signerOf(h.iid)
+		}
+		for _, c := range h.creds {
+			if c.signer != want {
+				fail("signers: the %s credential of %s (%s) was signed by %s, want %s", c.duty, h.iid, c.key, c.signer, want)
+			}
+		}
+	}
 	for l := range ended {
 		unrevocable := map[string]bool{}
 		for _, d := range endedRecords {
@@ -355,48 +375,35 @@ func (w *world) check(t failer, when int) {
 				}
 			}
 		}
-		if when != running {
-			handedKeys := map[string]bool{}
-			for _, h := range handed {
-				for _, c := range h.creds {
-					handedKeys[c.key] = true
-				}
-			}
-			for k, recs := range minted[l.iid] {
-				live := slices.ContainsFunc(recs, func(r audit.Credential) bool { return r.Exp > now.Unix() })
-				if _, onSet := set[k]; live && !onSet && !unrevocable[k] && !handedKeys[k] && holder(k) == l.iid {
-					count("a key the ended instance claimed for a mint that never committed is off the revocation set, its JWT unexpired")
-				}
-			}
-		}
+		_, live := set[l.iid]
 		for _, h := range handed {
 			if h.iid != l.iid {
 				continue
 			}
 			for _, c := range h.creds {
-				at, onSet := set[c.key]
 				switch {
-				case onSet && c.iat > at:
-					fail("revocation: the %s credential of ended instance %s (%s) was issued at %d, after its key's revocation time %d", c.duty, l.iid, c.key, c.iat, at)
-				case onSet:
-					count("an ended lifecycle's key was on the revocation set")
+				case c.signer == w.signerOf(l.iid) && !live:
+					count("an ended lifecycle's key was off the set")
 				case unrevocable[c.key]:
 					count("an ended lifecycle's key was recorded unrevocable")
 				case c.exp <= now.Unix():
-					count("an ended lifecycle's key had left the set, every credential of it expired")
+					count("an ended lifecycle's credential had expired")
 				default:
-					fail("revocation: the %s credential of %s (%s, exp %s) of the ended lifecycle %s/%s is live, and its key is neither on the revocation set nor recorded unrevocable (ended records of it: %d)",
-						c.duty, l.iid, c.key, time.Unix(c.exp, 0).UTC().Format(time.RFC3339), l.owner, l.uid, countEnded(endedRecords, l.iid, l.uid))
+					fail("revocation: the %s credential of %s (%s, exp %s) of the ended lifecycle %s/%s is live, and its signing key is on the set (%v) or not its instance's, and it is not recorded unrevocable (ended records of it: %d)",
+						c.duty, l.iid, c.key, time.Unix(c.exp, 0).UTC().Format(time.RFC3339), l.owner, l.uid, live, countEnded(endedRecords, l.iid, l.uid))
 				}
 			}
 		}
 	}
 	if when != running && w.cfg.signer && !w.cfg.brokerDown {
-		// With the signing key and a broker that answers, the broker holds the set.
-		held := w.broker.revokes()
-		for k, at := range set {
-			if got, ok := held[k]; !ok || got < at {
-				fail("revocation: %s is on the revocation set at %d, and the broker revokes it at %d (held: %v)", k, at, got, ok)
+		// With the signing key and a broker that answers, the broker lists no key off the set.
+		listed := w.broker.signers()
+		for pub := range listed {
+			if pub == w.own {
+				continue
+			}
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(set)), func(iid string) bool { return w.signerOf(iid) == pub }) {
+				fail("revocation: the broker lists signing key %s, of no instance on the set (%d live)", pub, len(set))
 			}
 		}
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
@@ -56,8 +56,9 @@ var admin = manager.Caller{Owner: adminOwner, Actor: adminActor}
 // errCrash is what AfterEndStep answers where a schedule crashes an end.
 var errCrash = errors.New("crashed (test hook)")
 
-// config is what a schedule draws once: the quota, the revocation set's ceiling, whether the
-// plane holds the operator signing key, whether the broker answers, the standing lifetime.
+// config is what a schedule draws once: the quota, the space's capacity in live instances,
+// whether the plane holds the operator signing key, whether the broker answers, the standing
+// lifetime.
 type config struct {
 	quota       int
 	capacity    int
@@ -69,7 +70,7 @@ type config struct {
 }
 
 func (c config) String() string {
-	return fmt.Sprintf("quota %d, revocation set of %d keys, operator signer %v, broker down %v, standing TTL %s, %d new keys per owner",
+	return fmt.Sprintf("quota %d, room for %d live instances, operator signer %v, broker down %v, standing TTL %s, %d new keys per owner",
 		c.quota, c.capacity, c.signer, c.brokerDown, c.standingTTL, c.newKeys)
 }
 
@@ -78,9 +79,9 @@ func (c config) String() string {
 type world struct {
 	cfg  config
 	keys *space.Keys
-	sign revocation.Signer
+	sign signers.Signer
 
-	// gates is the fence bucket (gates, run fences, claims, quota rows, the revocation set);
+	// gates is the fence bucket (gates, run fences, claims, quota rows, the signer set);
 	// platform holds the assignments. Both keep every write.
 	gates, platform                                *logged
 	actors, admissions, statuses, issued, accepted *storetest.KV
@@ -89,6 +90,9 @@ type world struct {
 	broker   *resolver
 	proofKey []byte
 	account  string // the data account's public key
+	own      string // the data account's own signing key
+	// instanceKeys derives each instance's signing key, as every replica does.
+	instanceKeys *signers.Keys
 
 	pmu    sync.Mutex
 	planes []*plane
@@ -123,7 +127,7 @@ type world struct {
 	excused map[string]bool
 }
 
-// plane is one replica: its own pipeline, claim memory, commit groups and revocation rounds
+// plane is one replica: its own pipeline, claim memory, commit groups and signer rounds
 // over the shared stores.
 type plane struct {
 	engine *manager.Engine
@@ -168,10 +172,10 @@ type handed struct {
 	creds       []cred
 }
 
-// cred is one credential handed out, as its JWT says.
+// cred is one credential handed out, as its JWT says: its key, and the key that signed it.
 type cred struct {
-	duty, key string
-	exp, iat  int64
+	duty, key, signer string
+	exp, iat          int64
 }
 
 // newWorld builds a schedule's stores and replicas. It runs in the schedule's bubble.
@@ -188,11 +192,19 @@ func newWorld(keys *space.Keys, cfg config) (*world, error) {
 	if !cfg.signer {
 		signing.OperatorSigner = nil
 	}
-	w.sign = func(revoked map[string]int64) (string, int64, error) {
-		return signing.DataAccountJWT(space.DataPolicy{Revocations: revoked})
+	if cfg.signer {
+		w.sign = func(keys []string) (string, int64, error) {
+			return signing.DataAccountJWT(space.DataPolicy{Signers: keys})
+		}
 	}
 	w.account = keys.Data.Public()
 	var err error
+	if w.own, err = keys.Data.Signer.PublicKey(); err != nil {
+		return nil, err
+	}
+	if w.instanceKeys, err = signers.NewKeys(testSpace, w.account, keys.Data.Signer, time.Now); err != nil {
+		return nil, err
+	}
 	if w.proofKey, err = manager.ProofKey(keys.Data.Signer); err != nil {
 		return nil, err
 	}
@@ -223,7 +235,7 @@ func newWorld(keys *space.Keys, cfg config) (*world, error) {
 	}
 	if cfg.signer && !cfg.brokerDown {
 		// A start signs and pushes the data account, as the plane's does.
-		if err := w.planes[0].sup.Revocations.Reapply(ctx); err != nil {
+		if err := w.planes[0].sup.Signers.Repush(ctx, true); err != nil {
 			return nil, fmt.Errorf("the start's push of the data account: %w", err)
 		}
 	}
@@ -257,12 +269,20 @@ func (w *world) newPlane() (*plane, error) {
 			InstanceHourly: 60, OwnerHourly: 600, Now: time.Now,
 		},
 	}
+	keys, err := signers.NewKeys(testSpace, w.account, w.keys.Data.Signer, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	set := &signers.Set{Gates: w.gates, Account: w.account, Own: w.own, Keys: keys, Sign: w.sign, Broker: w.broker, Now: time.Now,
+		Capacity: w.cfg.capacity, Settle: 2 * (opTimeout + time.Minute)}
+	if set.Sign != nil {
+		engine.Pipeline.Signers = set
+	}
 	sup := &supervisor.Supervisor{
 		Space: testSpace, Account: w.account,
 		Platform: w.platform, Gates: w.gates, Ledger: w.actors, Issued: w.issued, Accepted: w.accepted,
 		Engine: engine, Minted: recorder, Claims: claims,
-		Revocations: &revocation.Set{Gates: w.gates, Account: w.account, Sign: w.sign, Broker: w.broker, Now: time.Now, Capacity: w.cfg.capacity},
-		Audit:       recorder, MaxTTL: 24 * time.Hour, Now: time.Now,
+		Signers: set, Audit: recorder, MaxTTL: 24 * time.Hour, Now: time.Now,
 		AfterEndStep: w.afterEndStep,
 	}
 	engine.Assignments = sup
@@ -277,7 +297,7 @@ func (w *world) plane(i int) *plane {
 }
 
 // restart replaces replica i with a fresh one: what a crashed replica forgets (claims it knew,
-// commit groups, revocation rounds) is gone, the stores stay.
+// commit groups, signer rounds) is gone, the stores stay.
 func (w *world) restart(i int) {
 	p, err := w.newPlane()
 	if err != nil {
@@ -413,7 +433,7 @@ func (w *world) handOut(h *handed, creds map[string]client.Credential) {
 		if uc.Expires != c.Exp {
 			w.problem("%s of %s: the %s credential expires at %d, its reply says %d", h.what, h.iid, duty, uc.Expires, c.Exp)
 		}
-		h.creds = append(h.creds, cred{duty: duty, key: uc.Subject, exp: uc.Expires, iat: uc.IssuedAt})
+		h.creds = append(h.creds, cred{duty: duty, key: uc.Subject, exp: uc.Expires, iat: uc.IssuedAt, signer: uc.Issuer})
 	}
 	w.mu.Lock()
 	w.handed = append(w.handed, h)

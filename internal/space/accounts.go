@@ -6,7 +6,6 @@ package space
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -15,14 +14,15 @@ import (
 )
 
 // DataPolicy is what the running plane sets on the data account beyond what the material
-// says: its limits and its revocations.
+// says: its limits and the signing keys of its live manager instances.
 type DataPolicy struct {
 	// MaxConnections bounds the account's connections, the plane's own serving ones included;
 	// 0 leaves them unbounded.
 	MaxConnections int64
-	// Revocations revokes each user nkey's credentials issued at or before its time (unix
-	// seconds): the supervisor ends' revocation set.
-	Revocations map[string]int64
+	// Signers are the live manager instances' signing keys, listed plain (unscoped: a scoped
+	// key would override the permissions of the users it signs) besides the account's own. A
+	// key left off closes every connection whose credential it signed.
+	Signers []string
 }
 
 // ErrNoOperatorSigner means the operator signing key is kept elsewhere: the plane cannot
@@ -57,8 +57,8 @@ func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
 	if p.MaxConnections > 0 {
 		data.Limits.Conn = p.MaxConnections
 	}
-	for key, at := range p.Revocations {
-		data.RevokeAt(key, time.Unix(at, 0))
+	for _, key := range p.Signers {
+		data.SigningKeys.Add(key)
 	}
 	for _, subj := range subjects.RunStartExports(m.Space) {
 		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})

@@ -15,7 +15,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -39,23 +39,24 @@ const (
 // instance and lifecycle, in seven steps: (1) mark the assignment ending, so it authorizes
 // nothing and no new lifecycle buries the end; (2) freeze the gate (created retired if absent),
 // so no mint commits after it; (3) retire the recorded supervisor and executor generations; (4)
-// retire the gate; (5) put every key the instance claimed that a `minted` record names on the
-// data account's revocation set and wait until every server of the broker revokes it, read
-// back; (6) wait until the broker lists no connection of those keys; (7) record `ended` (with
-// the keys not revoked) and mark the assignment ended. Each step checks its own state first, so
+// retire the gate; (5) take the instance's signing key off the data account's JWT and wait until
+// every server of the broker holds a JWT without it, read back: the broker then refuses every
+// credential the key signed and closes their connections; (6) wait until the broker lists no
+// connection of the keys the instance claimed that a `minted` record names; (7) record `ended`
+// (with the keys not revoked) and mark the assignment ended. Each step checks its own state first, so
 // a retry after a crash anywhere completes the end, and a repeat completes whatever an earlier
 // one left undone (a revocation the broker had not confirmed, a connection still listed).
 //
-// The end is done (the report's done) once every key is revoked at every server and no
-// connection of one is left. The assignment is ended once the revocation's outcome is settled:
-// confirmed, or recorded as not possible (no operator signing key; the broker not confirming by
-// the deadline; keys past the revocation set's ceiling), the keys not revoked listed in the
-// report and the `ended` record; their credentials expire at their clamp.
+// The end is done (the report's done) once the key is off at every server and no connection
+// of the instance's keys is left. The assignment is ended once the revocation's outcome is
+// settled: confirmed, or recorded as not possible (no operator signing key; the broker not
+// confirming by the deadline), the keys not revoked listed in the report and the `ended`
+// record; their credentials expire at their clamp. Taking a key off needs no room, so no other
+// owner's instances can stop an end.
 //
 // Refusals: bad-request (body), permission-denied (no platform-admin; no assignment, or one of
 // another space; the instance is another owner's), failed-precondition (the assignment is for
-// another lifecycle; a delete marker on a fence), resource-exhausted (keys past the revocation
-// set's ceiling: the lifecycle is ended and retired, the report in the details), unavailable
+// another lifecycle; a delete marker on a fence), unavailable
 // (stores; an end stopped midway; the broker did not confirm the revocation, or still listed a
 // connection, by the deadline: the report in the details; repeat the end to complete it).
 func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.EndReport, audit.Request, error) {
@@ -120,13 +121,10 @@ func (e *ending) verdict() error {
 	switch {
 	case r.Done:
 		return nil
-	case errors.Is(e.outcome.Cause, revocation.ErrFull):
-		f = fault.New(fault.ResourceExhausted, "the lifecycle of instance %s is ended and retired, but %d of its keys found no room on the data account's revocation set; their credentials expire at their clamp (revoked.unrevoked lists them)",
-			e.l.iid, len(r.Revoked.Unrevoked))
-	case errors.Is(e.outcome.Cause, revocation.ErrNoSigner):
+	case errors.Is(e.outcome.Cause, signers.ErrNoSigner):
 		return nil // the operator keeps the signing key elsewhere: revoked.reason says so
 	case !r.Revoked.Done:
-		f = fault.New(fault.Unavailable, "the lifecycle of instance %s is ended and retired, but the broker did not confirm the revocation of %d of its keys before the deadline; they are on the revocation set; repeat the end to confirm it",
+		f = fault.New(fault.Unavailable, "the lifecycle of instance %s is ended and retired, but the broker did not confirm the revocation of %d of its keys before the deadline; its signing key is off the data account; repeat the end to confirm it",
 			e.l.iid, len(r.Revoked.Unrevoked))
 	default:
 		f = fault.New(fault.Unavailable, "the lifecycle of instance %s is ended and its keys are revoked at the broker, but %d of them still had a connection listed at the deadline; repeat the end to see them closed",
@@ -144,7 +142,7 @@ type ending struct {
 	about   audit.Request
 	reason  string
 	ended   audit.Assignment
-	outcome revocation.Outcome
+	outcome signers.Outcome
 	// foreign: the instance's gate is another owner's (registered after the end began).
 	foreign bool
 }
@@ -274,11 +272,12 @@ func (e *ending) retireGate(ctx context.Context) error {
 	return nil
 }
 
-// revoke is step 5: every key the instance claimed that a `minted` record of it names goes on
-// the data account's revocation set, and the end waits until every server revokes it. A key
-// another instance claimed is left alone (it is not this instance's to revoke); a key no
-// instance claimed (a mint that never committed, or one minted before run keys were claimed)
-// is claimed for this instance first, so no one can claim it later.
+// revoke is step 5: the instance's signing key goes off the data account's JWT, and the end
+// waits until every server holds a JWT without it; every credential it signed is then refused
+// and its connection closed. The report names the keys the instance claimed that a `minted`
+// record of it names: a key another instance claimed is left alone (it is not this instance's);
+// a key no instance claimed (a mint that never committed) is claimed for this instance first,
+// so no one can claim it later.
 func (e *ending) revoke(ctx context.Context) error {
 	if e.foreign {
 		e.report.Revoked.Done = true // the instance is another owner's: no key of it is this lifecycle's
@@ -292,14 +291,16 @@ func (e *ending) revoke(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	outcome, err := e.s.Revocations.Revoke(ctx, keys)
+	outcome, err := e.s.Signers.Remove(ctx, e.l.iid)
 	if err != nil {
 		return err
 	}
 	e.outcome = *outcome
 	r := e.report
-	r.Revoked.NKeys, r.Revoked.Unrevoked, r.Revoked.Reason = keys, outcome.Unrevoked, outcome.Reason
-	r.Revoked.Done = outcome.Done()
+	r.Revoked.NKeys, r.Revoked.Done = keys, outcome.Done
+	if !outcome.Done {
+		r.Revoked.Unrevoked, r.Revoked.Reason = keys, outcome.Reason
+	}
 	return nil
 }
 
@@ -345,11 +346,11 @@ func (e *ending) claimed(ctx context.Context, candidates []string) ([]string, er
 }
 
 // evict is step 6: the broker lists no connection of the revoked keys (it closes them as it
-// applies the revocation).
+// takes the signing key off).
 func (e *ending) evict(ctx context.Context) error {
 	r := e.report
-	if len(e.outcome.Confirmed) > 0 {
-		r.Evicted.Count = e.s.Revocations.Evict(ctx, e.outcome.Confirmed)
+	if e.outcome.Done && len(r.Revoked.NKeys) > 0 {
+		r.Evicted.Count = e.s.Signers.Evict(ctx, r.Revoked.NKeys)
 	}
 	r.Evicted.Complete = r.Revoked.Done && r.Evicted.Count == len(r.Revoked.NKeys)
 	return nil

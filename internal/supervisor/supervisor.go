@@ -8,7 +8,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/revocation"
+	"github.com/cotal-ai/authplane/internal/signers"
 )
 
 // Supervisor serves the platform supervisor of one space: supervisor-assign,
@@ -18,7 +18,7 @@ type Supervisor struct {
 	// Account is the data account's public key: what an assignment names.
 	Account string
 
-	// Platform holds the assignments; Gates the fences (gates, the revocation set); Ledger the
+	// Platform holds the assignments; Gates the fences (gates, the signer set); Ledger the
 	// scopes; Issued the evidence and attempt rows; Accepted the write-once accepted rows.
 	Platform fence.KV
 	Gates    fence.KV
@@ -32,9 +32,9 @@ type Supervisor struct {
 	// instance claimed each: an end revokes those its instance claimed.
 	Minted Minted
 	Claims *claim.Claims
-	// Revocations is the data account's revocation set and the broker it is applied to.
-	Revocations *revocation.Set
-	Audit       Recorder
+	// Signers are the data account's live signing keys and the broker they are applied to.
+	Signers *signers.Set
+	Audit   Recorder
 
 	// MaxTTL bounds an assignment's expiresAt from now (--max-assignment-ttl).
 	MaxTTL time.Duration

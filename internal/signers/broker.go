@@ -1,10 +1,9 @@
-package revocation
+package signers
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 
@@ -13,11 +12,10 @@ import (
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
-// view is the data account as every server's resolver holds it: what all of them revoke (each
-// key at the earliest time any server revokes it; a key some server does not revoke is not in
-// it), and the oldest and newest issue times of their JWTs.
+// view is the data account as every server's resolver holds it: the signing keys every one
+// lists and those some one lists, and the oldest and newest issue times of their JWTs.
 type view struct {
-	revoked        map[string]int64
+	all, any       map[string]bool
 	oldest, newest int64
 }
 
@@ -35,15 +33,19 @@ func (r *rounds) view(ctx context.Context) (view, error) {
 			return view{}, err
 		}
 		if i == 0 {
-			v = view{revoked: maps.Clone(map[string]int64(claims.Revocations)), oldest: claims.IssuedAt, newest: claims.IssuedAt}
+			v = view{all: map[string]bool{}, any: map[string]bool{}, oldest: claims.IssuedAt, newest: claims.IssuedAt}
+			for k := range claims.SigningKeys {
+				v.all[k], v.any[k] = true, true
+			}
 			continue
 		}
 		v.oldest, v.newest = min(v.oldest, claims.IssuedAt), max(v.newest, claims.IssuedAt)
-		for k, at := range v.revoked {
-			if got, ok := claims.Revocations[k]; !ok {
-				delete(v.revoked, k)
-			} else if got < at {
-				v.revoked[k] = got
+		for k := range claims.SigningKeys {
+			v.any[k] = true
+		}
+		for k := range v.all {
+			if _, ok := claims.SigningKeys[k]; !ok {
+				delete(v.all, k)
 			}
 		}
 	}
@@ -74,10 +76,28 @@ type decoded struct {
 	claims *jwt.AccountClaims
 }
 
-// covers reports whether every server revokes every key of want at its time or later.
-func (v view) covers(want map[string]int64) bool {
-	for k, at := range want {
-		if got, ok := v.revoked[k]; !ok || got < at {
+// shows reports whether every server holds w's change: an added key listed by every one, a
+// removed key by none.
+func (v view) shows(keys *Keys, w *waiter) bool {
+	for _, iid := range w.iids {
+		pub, err := keys.Public(iid)
+		if err != nil {
+			return false
+		}
+		if (w.op == opAdd && !v.all[pub]) || (w.op == opRemove && v.any[pub]) {
+			return false
+		}
+	}
+	return true
+}
+
+// holds reports whether every server lists exactly pubs and own.
+func (v view) holds(pubs []string, own string) bool {
+	if len(v.any) != len(pubs)+1 || !v.all[own] {
+		return false
+	}
+	for _, k := range pubs {
+		if !v.all[k] {
 			return false
 		}
 	}

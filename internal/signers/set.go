@@ -1,0 +1,393 @@
+// Package signers is the data account's live signing keys. Every credential minted for a
+// manager instance (its duties, its runs' drivers and mediators) is signed by that instance's
+// own account signing key (Keys: derived, never stored), and the data account's JWT lists the
+// key of every live instance besides the account's own. An end removes its instance's key: the
+// broker then closes every connection whose credential that key signed and refuses them at
+// connect. Removal needs no room, so no tenant's actions can stop another's end from revoking;
+// the JWT holds the live instances, bounded by its capacity, not the ended keys of the last day.
+//
+// The set is one fence row (`signers.<account>` in the fence bucket): the live instances, each
+// with when its key was added, and the issue time of the last JWT signed from it. The JWT is
+// built from the row, signed with the operator signing key, pushed to every server and read
+// back from each. Changes that come together share one round: one write of the row, one
+// signing, one push and one read-back for all of them.
+//
+// A push replaces the account JWT a server's resolver holds, whatever its issue time; servers
+// syncing their resolvers keep the newer by issue time, in whole seconds, and an equal one
+// replaces. So every signing reserves an issue time later than the last one in the row, by CAS
+// on the row it signed: no two JWTs share a second, and the newest carries every change before
+// it. The wait for the next second comes before the row is read for the reservation.
+package signers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/fence"
+	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+// Broker is the data account as the broker holds it, reached through the plane's system user:
+// every server of a cluster answers.
+type Broker interface {
+	// Servers counts the cluster's servers.
+	Servers(ctx context.Context) (int, error)
+	// Push sends the account JWT token to every server's resolver.
+	Push(ctx context.Context, token string) error
+	// Lookup returns the account JWT each of the n servers' resolvers holds.
+	Lookup(ctx context.Context, n int) ([]string, error)
+	// Connections counts the account's connections authenticated as each of the user keys
+	// nkeys on the n servers (a key with none may be absent).
+	Connections(ctx context.Context, nkeys []string, n int) (map[string]int, error)
+}
+
+// Signer signs the data account's JWT listing signers (the live instances' keys, besides the
+// account's own) with the operator signing key, and returns it with its issue time.
+type Signer func(signers []string) (token string, issuedAt int64, err error)
+
+// Set is the data account's live signing keys and the broker they are applied to. Fill every
+// field but Wall and Keep; a nil Sign is a plane without the operator signing key.
+type Set struct {
+	// Gates is the fence bucket the row lives in; Account the data account's public key; Own
+	// the data account's own signing key, which every JWT lists.
+	Gates   fence.KV
+	Account string
+	Own     string
+	Keys    *Keys
+	Sign    Signer
+	Broker  Broker
+	// Now is the clock of when keys are added; Wall the one the JWT library stamps issue times
+	// with (it reads time.Now, whatever Now says): the next second is waited for on it. Nil
+	// Wall means time.Now.
+	Now  func() time.Time
+	Wall func() time.Time
+	// Capacity is the most instances the set holds: the account JWT that lists their keys must
+	// fit in one message of the broker (see Capacity).
+	Capacity int
+	// Settle is how long after its key was added an instance whose gate is still absent is
+	// taken never to register: its key goes at the next sweep. It must pass a request's deadline
+	// twice over, plus the clock skew between replicas.
+	Settle time.Duration
+	// Keep, when set, keeps each JWT before it is pushed (the embedded broker's synced copy).
+	Keep func(token string) error
+
+	mu      sync.Mutex
+	waiting []*waiter
+	running bool
+	lastErr error // the last failure of a round: what a waiter whose deadline came says
+	// live are the instances whose key this replica saw confirmed at every server, and settled
+	// those it saw registered: the sweep reads their gates no more.
+	live, settled map[string]bool
+	once          sync.Once
+	state         *rounds
+}
+
+// Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
+// bytes (the broker's largest message, which a push and a read-back both are), leaving a KiB
+// for the envelope of a push or of a resolver's exchange. What a key costs is measured: a JWT
+// with 64 keys against one with none (`"<56-character key>",` is 59 bytes of JSON, some 79
+// once base64url-encoded).
+func Capacity(sign Signer, maxPayload int64) (int, error) {
+	empty, _, err := sign(nil)
+	if err != nil {
+		return 0, err
+	}
+	keys := make([]string, 64)
+	for i := range keys {
+		raw := make([]byte, 32)
+		raw[0], raw[1] = byte(i), 0xa5
+		k, err := nkeys.Encode(nkeys.PrefixByteAccount, raw)
+		if err != nil {
+			return 0, err
+		}
+		keys[i] = string(k)
+	}
+	full, _, err := sign(keys)
+	if err != nil {
+		return 0, err
+	}
+	room := maxPayload - int64(len(empty)) - 1024
+	per := int64(len(full) - len(empty))
+	if room < per {
+		return 0, fmt.Errorf("an account JWT of %d bytes leaves no room for a signing key within the broker's %d-byte messages", len(empty), maxPayload)
+	}
+	return int(room * int64(len(keys)) / per), nil
+}
+
+// row is the stored set: each live instance and the unix second its key was added (or last
+// confirmed by a registration still to commit).
+type row struct {
+	V        int              `json:"v"`
+	Account  string           `json:"account"`
+	Live     map[string]int64 `json:"live"`
+	IssuedAt int64            `json:"issuedAt"`
+	Nonce    string           `json:"nonce"`
+}
+
+func (s *Set) fence() *fence.Fence[row] {
+	return fence.New(s.Gates, subjects.SignersKey(s.Account), func(data []byte) (row, error) {
+		var r row
+		dec := json.NewDecoder(bytes.NewReader(data)) // up to Capacity instances: no request's limit
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			return row{}, err
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return row{}, errors.New("data after the set")
+		}
+		if r.V != 1 || r.Account != s.Account || r.Live == nil {
+			return row{}, errors.New("not a version 1 signer set of this account")
+		}
+		return r, nil
+	}, func(r *row) { r.Nonce = ids.Nonce() })
+}
+
+// Errors in an Outcome's Cause.
+var (
+	// ErrNoSigner: this plane does not hold the operator signing key.
+	ErrNoSigner = space.ErrNoOperatorSigner
+	// ErrUnconfirmed: the broker did not confirm the change before the deadline.
+	ErrUnconfirmed = errors.New("the broker did not confirm the change of the data account's signing keys before the deadline")
+)
+
+// Outcome is what removing an instance's key came to.
+type Outcome struct {
+	// Done says every server's resolver holds an account JWT without the key, read back.
+	Done bool
+	// Reason says why it is not done; Cause is ErrNoSigner (the plane cannot sign the account)
+	// or ErrUnconfirmed (the key is off the set: every later push and every start applies it).
+	Reason string
+	Cause  error
+}
+
+// op is what a waiter asks of a round.
+type op int
+
+const (
+	opAdd op = iota
+	opRemove
+	opPush // sign and push the set as it is
+)
+
+// waiter is one change waiting for the round that makes it. Its fields after deadline are the
+// rounds', under Set.mu.
+type waiter struct {
+	op   op
+	iids []string
+	// registered: an add for a mint that saw the instance's gate registered and open.
+	registered bool
+	// resign: a push that signs the set anew, rather than push the newest JWT again.
+	resign bool
+	// only: a remove (the sweep's) only of keys still added at these times.
+	only     map[string]int64
+	deadline time.Time
+
+	written   bool         // the row holds the change
+	refused   *fault.Error // an add the set refused (a gate not open, no room): final
+	confirmed bool         // every server holds a JWT with the change, read back
+	err       error        // the change may not be in the row
+	done      chan struct{}
+	closed    bool
+}
+
+// Issuer returns the issuer of instance iid's credentials once its key is on the set and
+// every server of the broker lists it, read back. registered says the mint saw the instance's
+// gate registered and open: then a key this replica saw live is taken to be live still (only
+// an end removes it, after freezing the gate, which the mint's commit fence catches). Refusals:
+// failed-precondition (the gate is frozen or retired), resource-exhausted (the set is at its
+// capacity), unavailable (the broker did not confirm it by the deadline; stores).
+func (s *Set) Issuer(ctx context.Context, iid string, registered bool) (*mint.Issuer, error) {
+	iss, err := s.Keys.Issuer(iid)
+	if err != nil {
+		return nil, fault.Wrap(fault.Internal, err, "deriving the signing key of instance %s", iid)
+	}
+	s.rounds() // the memory exists
+	s.mu.Lock()
+	known := registered && s.live[iid]
+	if known {
+		s.settled[iid] = true
+	}
+	s.mu.Unlock()
+	if known {
+		return iss, nil
+	}
+	w := &waiter{op: opAdd, iids: []string{iid}, registered: registered}
+	s.await(ctx, w)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.refused != nil:
+		return nil, w.refused
+	case w.confirmed:
+		return iss, nil
+	case w.err != nil:
+		return nil, w.err
+	}
+	return nil, fault.Wrap(fault.Unavailable, s.cause(), "the broker did not confirm the signing key of instance %s before the deadline; retry shortly", iid)
+}
+
+// cause is the last failure of a round, or ErrUnconfirmed; it holds s.mu.
+func (s *Set) cause() error {
+	if s.lastErr != nil {
+		return fmt.Errorf("%w: %w", ErrUnconfirmed, s.lastErr)
+	}
+	return ErrUnconfirmed
+}
+
+// Remove takes instance iid's key off the set and returns once every server of the broker
+// holds an account JWT without it, read back, or ctx ends. An error means the key may still be
+// on the set (a store failure, or the deadline before it was taken off); otherwise the Outcome
+// says whether the broker confirmed it. The row is written even when the key is not on it: an
+// add that read the row before and the gate before its freeze then fails its CAS, and reads the
+// gate again.
+func (s *Set) Remove(ctx context.Context, iid string) (*Outcome, error) {
+	if s.Sign == nil {
+		return &Outcome{Cause: ErrNoSigner, Reason: ErrNoSigner.Error() + "; the credentials expire at their clamp"}, nil
+	}
+	w := &waiter{op: opRemove, iids: []string{iid}}
+	s.await(ctx, w)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.confirmed:
+		return &Outcome{Done: true}, nil
+	case errors.Is(w.err, ErrNoSigner):
+		return &Outcome{Cause: ErrNoSigner, Reason: ErrNoSigner.Error() + "; the credentials expire at their clamp"}, nil
+	case !w.written:
+		if w.err != nil {
+			return nil, w.err
+		}
+		return nil, fault.Store(ctx.Err(), "taking the signing key of instance %s off the data account", iid)
+	}
+	return &Outcome{Cause: ErrUnconfirmed, Reason: s.cause().Error() + "; the key is off the set, which every later push and every start applies"}, nil
+}
+
+// Repush pushes the set to every server and returns once every one holds it, read back. With
+// resign it signs the set anew (a start, whose account limits may have changed; a server
+// that holds other keys); without, it pushes again the newest JWT when this replica signed it
+// (a server that (re)joined holding an older one), and signs anew only when it did not. Without
+// the operator signing key it returns ErrNoSigner.
+func (s *Set) Repush(ctx context.Context, resign bool) error {
+	if s.Sign == nil {
+		return ErrNoSigner
+	}
+	w := &waiter{op: opPush, resign: resign}
+	s.await(ctx, w)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.confirmed:
+		return nil
+	case w.err != nil:
+		return w.err
+	}
+	return fmt.Errorf("sign and push the data account's signing keys: %w", s.cause())
+}
+
+// await queues w for the rounds, starting their run if none is under way, and returns once a
+// round closed w or ctx ended (then w is closed); w's fields are read under s.mu.
+func (s *Set) await(ctx context.Context, w *waiter) {
+	w.done = make(chan struct{})
+	w.deadline, _ = ctx.Deadline()
+	if w.deadline.IsZero() {
+		w.deadline = time.Now().Add(time.Minute)
+	}
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+	s.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	s.close(w)
+	s.mu.Unlock()
+}
+
+// close ends w's wait; it holds s.mu.
+func (s *Set) close(w *waiter) {
+	if !w.closed {
+		w.closed = true
+		close(w.done)
+	}
+}
+
+// run serves rounds until no one waits. One runs at a time per Set, for every change of the
+// process: a round serves everyone waiting when it signs.
+func (s *Set) run() {
+	r := s.rounds()
+	for {
+		ws, deadline := s.open()
+		if len(ws) == 0 {
+			return
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		r.serve(ctx)
+		cancel()
+	}
+}
+
+// rounds is the state the rounds keep from one run to the next (the issue time signed last,
+// above all: a run that forgot it would try to sign again in the same second).
+func (s *Set) rounds() *rounds {
+	s.once.Do(func() {
+		s.state = &rounds{s: s, reach: &reach{Broker: s.Broker}}
+		s.mu.Lock()
+		s.live, s.settled = map[string]bool{}, map[string]bool{}
+		s.mu.Unlock()
+	})
+	return s.state
+}
+
+// open returns the waiters still waiting and the latest of their deadlines, closing those
+// whose deadline passed; with none left, the run ends (under the same lock as a change that
+// would start one).
+func (s *Set) open() ([]*waiter, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	open := s.waiting[:0]
+	now := time.Now()
+	var deadline time.Time
+	for _, w := range s.waiting {
+		if !w.closed && now.After(w.deadline) {
+			s.close(w)
+		}
+		if !w.closed {
+			open = append(open, w)
+			if w.deadline.After(deadline) {
+				deadline = w.deadline
+			}
+		}
+	}
+	clear(s.waiting[len(open):])
+	s.waiting = open
+	if len(open) == 0 {
+		s.running = false
+	}
+	return slices.Clone(open), deadline
+}
+
+// wall is the clock the JWT library stamps issue times with.
+func (s *Set) wall() time.Time {
+	if s.Wall == nil {
+		return time.Now()
+	}
+	return s.Wall()
+}
