@@ -328,7 +328,8 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 		return fmt.Errorf("data account policy: %w", err)
 	}
 	p.recheckSigners()
-	return p.watchServers(system)
+	p.watchServers()
+	return p.pinServers()
 }
 
 // healthy says whether the plane can serve now: started, not draining, not fenced, connected,

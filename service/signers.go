@@ -2,18 +2,20 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
@@ -113,6 +115,10 @@ func (p *Plane) recheckSigners() {
 			}
 		})
 	})
+	// A server that joined gets the newest JWT at once; a second later, the connections of keys
+	// off the set that it admitted meanwhile are kicked, on a goroutine of their own (a listing
+	// of every server waits for each, and must not hold up the next push).
+	kick := make(chan struct{}, 1)
 	p.untilClose("stop pushing the data account to joining servers", func(ctx context.Context) {
 		for {
 			select {
@@ -126,56 +132,132 @@ func (p *Plane) recheckSigners() {
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("a server joined and the newest data account JWT was not confirmed at every server; the recheck tries again", "err", err)
 			}
-		}
-	})
-}
-
-// watchServers asks for the newest data account JWT to be pushed again whenever a server of
-// the broker (re)joins: a server that was down holds what it held before, and the resolvers
-// sync only on their interval. A server's system account announces each start on its STATSZ
-// subject, with a server id new at every start; the servers up now are learned first.
-func (p *Plane) watchServers(system *nats.Conn) error {
-	var mu sync.Mutex
-	seen := map[string]time.Time{}
-	note := func(data []byte) bool { // reports a server not seen before
-		var m struct {
-			Server struct {
-				ID string `json:"id"`
-			} `json:"server"`
-		}
-		if json.Unmarshal(data, &m) != nil || m.Server.ID == "" {
-			return false
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		_, ok := seen[m.Server.ID]
-		seen[m.Server.ID] = time.Now()
-		if len(seen) > 256 { // servers gone long ago
-			for id, at := range seen {
-				if time.Since(at) > 10*time.Minute {
-					delete(seen, id)
-				}
-			}
-		}
-		return !ok
-	}
-	sub, err := system.Subscribe(subjects.ServerStats, func(m *nats.Msg) {
-		if note(m.Data) {
 			select {
-			case p.repush <- struct{}{}:
+			case kick <- struct{}{}:
 			default: // one is pending already
 			}
 		}
 	})
-	if err != nil {
-		return fmt.Errorf("watch the broker's servers: %w", err)
+	p.untilClose("stop kicking what joining servers admitted", func(ctx context.Context) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-kick:
+			}
+			// The push closed what the server admitted with keys off the set, but one whose
+			// authentication was under way as it landed got in after: a listing a moment later
+			// finds it.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+			n, err := p.signers.KickStale(rctx)
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				p.log.Warn("a server joined; the connections of keys off the data account were not all kicked; the next join or end does", "err", err, "kicked", n)
+			case n > 0:
+				p.log.Warn("a server joined holding an older data account JWT and admitted credentials of keys off it before the plane pushed the newest; kicked them", "connections", n)
+			}
+		}
+	})
+}
+
+// maxPinned bounds the servers of --nats-url the plane keeps a connection of its own to.
+const maxPinned = 16
+
+// pinServers keeps a system-user connection of its own to each server --nats-url names (up to
+// maxPinned), and pushes the newest data account JWT over it whenever it (re)connects: a server
+// that restarts admits clients as soon as it listens, before its routes are up, holding what it
+// held when it went down; this connection is back within a reconnect wait of its listening,
+// routes or not. It tries again every 50 ms.
+func (p *Plane) pinServers() error {
+	urls := strings.Split(p.info.NATSURL, ",")
+	if p.info.Embedded || len(urls) < 2 {
+		return nil // one server: no other serves while it is down
 	}
-	p.onClose("stop watching the broker's servers", sub.Unsubscribe)
-	inbox := system.NewRespInbox()
-	up, err := system.Subscribe(inbox, func(m *nats.Msg) { note(m.Data) })
+	iss, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
 	if err != nil {
-		return fmt.Errorf("watch the broker's servers: %w", err)
+		return err
 	}
-	p.onClose("stop listing the broker's servers", up.Unsubscribe)
-	return system.PublishRequest(subjects.ServerPing, inbox, nil)
+	for i, url := range urls[:min(len(urls), maxPinned)] {
+		url = strings.TrimSpace(url)
+		push := make(chan struct{}, 1)
+		signal := func() {
+			select {
+			case push <- struct{}{}:
+			default: // one is pending already
+			}
+		}
+		nc, err := p.connectRenewed(fmt.Sprintf("system%d", i+1), iss, subjects.SystemPermissions(p.keys.Data.Public(), p.keys.Plane.Public()), signal,
+			func(o *nats.Options) error { o.Servers = []string{url}; return nil },
+			nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true), nats.ReconnectBufSize(-1),
+			nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0),
+			nats.ConnectHandler(func(*nats.Conn) { signal() }))
+		if err != nil {
+			return fmt.Errorf("connect to %s of its own: %w", broker.RedactURL(url), err)
+		}
+		via := broker.Account{NC: nc, Public: p.keys.Data.Public()}
+		p.untilClose("stop pushing to "+broker.RedactURL(url), func(ctx context.Context) {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-push:
+				}
+				rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+				err := p.signers.PushVia(rctx, via)
+				cancel()
+				if err != nil && ctx.Err() == nil {
+					p.log.Warn("a server came back and the newest data account JWT could not be pushed to it over its own connection; the push to every server follows", "server", broker.RedactURL(url), "err", err)
+				}
+				p.askRepush()
+			}
+		})
+	}
+	return nil
+}
+
+// askRepush asks for the newest data account JWT to be pushed to every server again, and for
+// the connections of keys off it to be kicked.
+func (p *Plane) askRepush() {
+	select {
+	case p.repush <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// ServersPollEvery is how often the plane asks every server for its id: a server that
+// (re)joined answers with one it has not seen, and gets the newest data account JWT at once.
+const ServersPollEvery = 100 * time.Millisecond
+
+// watchServers asks for the newest data account JWT to be pushed again whenever a server of
+// the broker (re)joins: a server that was down holds what it held before, admits clients before
+// its routes are up, and the resolvers sync only on their interval. Every ServersPollEvery it
+// asks every server for its id (new at each start); a new one is a server that joined.
+func (p *Plane) watchServers() {
+	p.untilClose("stop watching the broker's servers", func(ctx context.Context) {
+		seen := map[string]time.Time{} // every id answered in the last minute
+		first := true
+		onEveryTick(ctx, ServersPollEvery, true, func() {
+			pctx, cancel := context.WithTimeout(ctx, ServersPollEvery*4/5)
+			ids := p.dataAccount.ServerIDs(pctx)
+			cancel()
+			now, joined := time.Now(), false
+			for id := range ids {
+				if _, ok := seen[id]; !ok && !first {
+					joined = true
+				}
+				seen[id] = now
+			}
+			first = first && len(ids) == 0 // the connection is down: its reconnection asks for a push
+			maps.DeleteFunc(seen, func(_ string, at time.Time) bool { return now.Sub(at) > time.Minute })
+			if joined {
+				p.askRepush()
+			}
+		})
+	})
 }

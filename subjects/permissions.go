@@ -150,8 +150,9 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			ServerKick("*"),
 			ServerPing,
 			ServerVarz,
+			ServerIDs,
 		},
-		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount), ServerStats},
+		Sub: []string{"_INBOX.>", AccountConnectEvents(dataAccount), AccountDisconnectEvents(dataAccount)},
 	}
 }
 

@@ -215,9 +215,9 @@ const ServerPing = "$SYS.REQ.SERVER.PING"
 // syncs every JetStream write to disk.
 const ServerVarz = "$SYS.REQ.SERVER.PING.VARZ"
 
-// ServerStats is where every server announces itself (at its start, when it joins a cluster,
-// and on a heartbeat), under an id new at each start: how the plane sees a server (re)join.
-const ServerStats = "$SYS.SERVER.*.STATSZ"
+// ServerIDs asks every server for its id, new at each start: how the plane sees a server
+// (re)join.
+const ServerIDs = "$SYS.REQ.SERVER.PING.IDZ"
 
 // AccountConnectEvents and AccountDisconnectEvents are where every server announces a client
 // connection of the account opening and closing: how the plane counts each principal's

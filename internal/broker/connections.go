@@ -24,8 +24,9 @@ type Connection struct {
 	// Principal is the name of its user: a user JWT's `name`, or the name the auth callout gave
 	// it. Never a name the client sent.
 	Principal string
-	// User is a JWT user's public key, its JWT's subject; empty for a callout user.
-	User string
+	// User is a JWT user's public key, its JWT's subject, and Signer the key that signed the
+	// JWT (its issuer); both empty for a callout user.
+	User, Signer string
 	// Callout says the auth callout authorized it (it presented no user JWT of its own).
 	Callout bool
 	Start   time.Time
@@ -61,11 +62,11 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	}
 	switch {
 	case c.JWT != "":
-		name, user, ok := jwtIdentity(c.JWT)
+		name, user, signer, ok := jwtIdentity(c.JWT)
 		if !ok {
 			return Connection{}, false
 		}
-		conn.Principal, conn.User = name, user
+		conn.Principal, conn.User, conn.Signer = name, user, signer
 	case c.AuthUser != "":
 		conn.Principal, conn.Callout = c.AuthUser, true
 	default:
@@ -74,31 +75,33 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	return conn, conn.Principal != "" && conn.CID != 0 && server != ""
 }
 
-// jwtIdentity reads the `name` and the subject (the user's public key) of a user JWT that a
-// server reports it accepted, without checking its signature again: the server did, and only
+// jwtIdentity reads the `name`, the subject (the user's public key) and the issuer (the key
+// that signed it) of a user JWT that a server reports it accepted, without checking its
+// signature again: the server did, and only
 // the servers (and the system account's users, which may kick any connection anyway) publish
 // what this reads. jwt.DecodeUserClaims would verify it again, about 70 µs a connection: as
 // much as the broker's own check, on every JWT user's connect and every listed connection.
-func jwtIdentity(token string) (name, user string, ok bool) {
+func jwtIdentity(token string) (name, user, signer string, ok bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
-		return "", "", false
+		return "", "", "", false
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return "", "", false
+		return "", "", "", false
 	}
 	var claims struct {
 		Name    string `json:"name"`
 		Subject string `json:"sub"`
+		Issuer  string `json:"iss"`
 		Nats    struct {
 			Type string `json:"type"`
 		} `json:"nats"`
 	}
 	if json.Unmarshal(payload, &claims) != nil || claims.Nats.Type != string(jwt.UserClaim) || claims.Subject == "" {
-		return "", "", false
+		return "", "", "", false
 	}
-	return claims.Name, claims.Subject, true
+	return claims.Name, claims.Subject, claims.Issuer, true
 }
 
 // event is a connect or disconnect event of the account.

@@ -47,32 +47,6 @@ func (a Account) Lookup(ctx context.Context, n int) ([]string, error) {
 	return tokens, nil
 }
 
-// Connections counts the account's open connections authenticated as each of users (user
-// public keys; a key with none is absent) on the cluster's n servers, and fails unless all of
-// them answered every page before ctx ended. It lists the whole account: the listing's own user
-// filter matches the name a client sent beside its JWT, which anyone may set to another key or
-// to nothing like one, so only the JWT the server accepted says who a connection is.
-func (a Account) Connections(ctx context.Context, users []string, n int) (map[string]int, error) {
-	conns, answered, err := a.ListConnections(ctx, n)
-	if err != nil {
-		return nil, err
-	}
-	if len(answered) < n {
-		return nil, fmt.Errorf("list the connections of account %s: %d of %d servers answered", a.Public, len(answered), n)
-	}
-	want := make(map[string]bool, len(users))
-	for _, u := range users {
-		want[u] = true
-	}
-	held := map[string]int{}
-	for _, c := range conns {
-		if c.User != "" && want[c.User] {
-			held[c.User]++
-		}
-	}
-	return held, nil
-}
-
 // Servers counts the servers of the cluster: every server answers a ping, and each answer
 // names the servers it has routes to, so the count is known once every server named answered.
 func (a Account) Servers(ctx context.Context) (int, error) {
@@ -103,6 +77,25 @@ func (a Account) Servers(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("count the servers (%d of %d answered): %w", len(answered), len(named), err)
 	}
 	return len(answered), nil
+}
+
+// ServerIDs asks every server for its id (new at each start) and returns those that answered
+// before ctx ended: a short ctx, as no count says when every server has.
+func (a Account) ServerIDs(ctx context.Context) map[string]bool {
+	ids := map[string]bool{}
+	err := ask(ctx, a.NC, subjects.ServerIDs, nil, func(data []byte) (bool, error) {
+		var id struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(data, &id) == nil && id.ID != "" {
+			ids[id.ID] = true
+		}
+		return false, nil
+	})
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return nil // the connection is down: no answer says anything
+	}
+	return ids
 }
 
 // gather sends a request on subject and collects n answers, or fails when ctx ends first.

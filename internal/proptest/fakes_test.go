@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 )
@@ -161,9 +162,11 @@ func (r *resolver) Lookup(_ context.Context, n int) ([]string, error) {
 	return out, nil
 }
 
-func (r *resolver) Connections(context.Context, []string, int) (map[string]int, error) {
-	return nil, nil
+func (r *resolver) ListConnections(context.Context, int) ([]broker.Connection, map[string]bool, error) {
+	return nil, map[string]bool{"s": true}, nil
 }
+
+func (r *resolver) Kick(context.Context, string, uint64) error { return nil }
 
 // signers returns the signing keys the account JWT the resolver holds lists.
 func (r *resolver) signers() map[string]bool {

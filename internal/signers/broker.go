@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/nats-io/jwt/v2"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/store"
 )
 
@@ -104,31 +104,27 @@ func (v view) holds(pubs []string, own string) bool {
 	return true
 }
 
-// Evict waits until the broker lists no connection authenticated with any of keys, or ctx ends,
-// and returns how many of keys it found with none left. Each poll lists the account once for
-// every key still held; once one finds none left, a second listing of every key must agree. (A
-// listing is paged per server, and connections that close between two pages move later ones
-// past the next page's start: one listing can miss a connection.)
+// Evict waits until the broker lists no connection authenticated with any of keys, kicking
+// each one it lists (a client whose authentication was under way as its key left the account
+// JWT got in after the broker closed the others), or until ctx ends, and returns how many of
+// keys it found with none left. Each poll lists the account; once one finds none left, a second
+// listing must agree. (A listing is paged per server, and connections that close between two
+// pages move later ones past the next page's start: one listing can miss a connection.)
 func (s *Set) Evict(ctx context.Context, keys []string) int {
-	b := &reach{Broker: s.Broker}
-	if b.count(ctx) != nil {
-		return 0
+	want := map[string]bool{}
+	for _, k := range keys {
+		want[k] = true
 	}
-	held, confirming := slices.Clone(keys), false
+	held, confirming := want, false
 	for attempt := 0; ; attempt++ {
-		ask := held
-		if confirming {
-			ask = keys
-		}
-		if n, err := b.connections(ctx, ask); err == nil {
-			left := slices.DeleteFunc(slices.Clone(ask), func(k string) bool { return n[k] == 0 })
+		if found, _, err := s.kick(ctx, func(c broker.Connection) bool { return want[c.User] }); err == nil {
 			switch {
-			case len(left) > 0:
-				held, confirming = left, false
+			case len(found) > 0:
+				held, confirming = found, false
 			case confirming:
 				return len(keys)
 			default:
-				held, confirming = nil, true
+				held, confirming = found, true
 				continue // the second listing at once
 			}
 		}
@@ -136,6 +132,63 @@ func (s *Set) Evict(ctx context.Context, keys []string) int {
 			return len(keys) - len(held)
 		}
 	}
+}
+
+// KickStale closes every connection of the account whose credential a key off the set signed:
+// one a server admitted while it held an older account JWT (a server that rejoined before the
+// plane pushed to it), or whose authentication was under way when the key left. It returns how
+// many it found.
+func (s *Set) KickStale(ctx context.Context) (int, error) {
+	if s.Sign == nil {
+		return 0, nil
+	}
+	cur, err := s.fence().Observe(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the data account's signing keys: %w", err)
+	}
+	pubs, err := s.pubs(cur.Row.Live)
+	if err != nil {
+		return 0, err
+	}
+	live := map[string]bool{s.Own: true}
+	for _, p := range pubs {
+		live[p] = true
+	}
+	n := 0
+	_, failed, err := s.kick(ctx, func(c broker.Connection) bool {
+		stale := c.Signer != "" && !live[c.Signer]
+		if stale {
+			n++
+		}
+		return stale
+	})
+	if err == nil && failed > 0 {
+		err = fmt.Errorf("%d of %d kicks failed", failed, n)
+	}
+	return n, err
+}
+
+// kick lists the account's connections on every server and kicks those stale says, returning
+// the keys of those it found and how many kicks failed (each leaves its connection for the next
+// listing to find); an error means the listing did not answer from every server.
+func (s *Set) kick(ctx context.Context, stale func(broker.Connection) bool) (map[string]bool, int, error) {
+	b := &reach{Broker: s.Broker}
+	conns, err := b.connections(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	found, failed := map[string]bool{}, 0
+	for _, c := range conns {
+		if stale(c) {
+			found[c.User] = true
+			kctx, cancel := store.Attempt(ctx)
+			if err := s.Broker.Kick(kctx, c.Server, c.CID); err != nil {
+				failed++
+			}
+			cancel()
+		}
+	}
+	return found, failed, nil
 }
 
 // reach is the broker as one run of rounds or one Evict sees it: its servers counted once, and
@@ -190,15 +243,19 @@ func (b *reach) lookup(ctx context.Context) ([]string, error) {
 	return tokens, err
 }
 
-func (b *reach) connections(ctx context.Context, nkeys []string) (map[string]int, error) {
+func (b *reach) connections(ctx context.Context) ([]broker.Connection, error) {
 	if err := b.count(ctx); err != nil {
 		return nil, err
 	}
 	ctx, cancel := store.Attempt(ctx)
 	defer cancel()
-	n, err := b.Connections(ctx, nkeys, b.servers())
+	n := b.servers()
+	conns, answered, err := b.ListConnections(ctx, n)
+	if err == nil && len(answered) < n {
+		err = fmt.Errorf("list the data account's connections: %d of %d servers answered", len(answered), n)
+	}
 	if err != nil {
 		b.forget()
 	}
-	return n, err
+	return conns, err
 }

@@ -54,6 +54,9 @@ func (r *rounds) serve(ctx context.Context) {
 		return
 	}
 	force := r.force || slices.ContainsFunc(ws, func(w *waiter) bool { return w.op == opPush && !w.written })
+	if force {
+		r.reach.forget() // a start, a server that came or went, a push that did not land
+	}
 	o, token, err := s.change(ctx, ws, r.last, force, r.known)
 	r.known = nil
 	if err == nil || errors.Is(err, errTooSoon) {
@@ -118,23 +121,49 @@ func (r *rounds) serve(ctx context.Context) {
 }
 
 // again serves a round of pushes of the newest JWT alone, when this plane signed it: no
-// signing, so no wait for the next second. It reports whether it served the round.
+// signing, so no wait for the next second. A push through one server's own connection (via) is
+// done once that server took it; a push to every server is read back from each. It reports
+// whether it served the round.
 func (r *rounds) again(ctx context.Context) bool {
 	s := r.s
 	ws, _ := s.open()
 	if r.token == "" || r.force || len(ws) == 0 || slices.ContainsFunc(ws, func(w *waiter) bool { return w.op != opPush || w.resign }) {
 		return false
 	}
+	r.reach.forget() // a server came or went: count them again
 	cur, err := s.fence().Observe(ctx)
 	if err != nil || cur.Row.IssuedAt != r.tokenAt {
 		return false // another replica signed since: a round signs anew
+	}
+	var all []*waiter
+	failed := false
+	for _, w := range ws {
+		if w.via == nil {
+			all = append(all, w)
+			continue
+		}
+		if err := w.via.Push(ctx, r.token); err != nil {
+			r.note(fmt.Errorf("the server did not take the account JWT: %w", err))
+			failed = true
+			continue
+		}
+		s.mu.Lock()
+		w.confirmed = true
+		s.close(w)
+		s.mu.Unlock()
+	}
+	if len(all) == 0 {
+		if failed {
+			r.pause(ctx)
+		}
+		return true
 	}
 	if err := s.Broker.Push(ctx, r.token); err != nil {
 		r.note(fmt.Errorf("the broker did not take the account JWT: %w", err))
 		r.force = true
 		return true
 	}
-	if err := r.confirm(ctx, ws, r.tokenAt); err != nil {
+	if err := r.confirm(ctx, all, r.tokenAt); err != nil {
 		r.note(err)
 		r.force = true
 	}

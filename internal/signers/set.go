@@ -32,6 +32,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
@@ -49,9 +50,11 @@ type Broker interface {
 	Push(ctx context.Context, token string) error
 	// Lookup returns the account JWT each of the n servers' resolvers holds.
 	Lookup(ctx context.Context, n int) ([]string, error)
-	// Connections counts the account's connections authenticated as each of the user keys
-	// nkeys on the n servers (a key with none may be absent).
-	Connections(ctx context.Context, nkeys []string, n int) (map[string]int, error)
+	// ListConnections lists the account's connections on the n servers, and which servers
+	// answered every page.
+	ListConnections(ctx context.Context, n int) ([]broker.Connection, map[string]bool, error)
+	// Kick closes connection cid on server.
+	Kick(ctx context.Context, server string, cid uint64) error
 }
 
 // Signer signs the data account's JWT listing signers (the live instances' keys, besides the
@@ -189,8 +192,10 @@ type waiter struct {
 	iids []string
 	// registered: an add for a mint that saw the instance's gate registered and open.
 	registered bool
-	// resign: a push that signs the set anew, rather than push the newest JWT again.
+	// resign: a push that signs the set anew, rather than push the newest JWT again; via: a
+	// push of the newest JWT through one server's own connection (nil: to every server).
 	resign bool
+	via    Broker
 	// only: a remove (the sweep's) only of keys still added at these times.
 	only     map[string]int64
 	deadline time.Time
@@ -295,6 +300,28 @@ func (s *Set) Repush(ctx context.Context, resign bool) error {
 		return w.err
 	}
 	return fmt.Errorf("sign and push the data account's signing keys: %w", s.cause())
+}
+
+// PushVia pushes the newest JWT this replica signed to the server via reaches, over its own
+// connection (a server that (re)joined, before its routes carry anything), and returns once that
+// server took it; when another replica signed since, a round signs anew and pushes to every
+// server. It is serialized with the rounds, so it never pushes a JWT older than one this replica
+// pushed before it.
+func (s *Set) PushVia(ctx context.Context, via Broker) error {
+	if s.Sign == nil {
+		return ErrNoSigner
+	}
+	w := &waiter{op: opPush, via: via}
+	s.await(ctx, w)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.confirmed:
+		return nil
+	case w.err != nil:
+		return w.err
+	}
+	return fmt.Errorf("push the data account's signing keys: %w", s.cause())
 }
 
 // await queues w for the rounds, starting their run if none is under way, and returns once a

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/body"
+	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
@@ -65,9 +66,11 @@ func (r *resolver) Lookup(context.Context, int) ([]string, error) {
 	return []string{r.held}, nil
 }
 
-func (r *resolver) Connections(context.Context, []string, int) (map[string]int, error) {
-	return nil, nil
+func (r *resolver) ListConnections(context.Context, int) ([]broker.Connection, map[string]bool, error) {
+	return nil, map[string]bool{"s": true}, nil
 }
+
+func (r *resolver) Kick(context.Context, string, uint64) error { return nil }
 
 func (r *resolver) pushed() []*jwt.AccountClaims {
 	r.mu.Lock()
@@ -537,43 +540,104 @@ func TestCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 	}
 }
 
-// listings is a broker whose connection listings are given in turn (the last one repeats).
+// listings is a broker whose connection listings are given in turn (the last one repeats),
+// each as the keys it lists, and which counts the kicks.
 type listings struct {
 	resolver
-	mu    sync.Mutex
-	polls []map[string]int
-	asked int
+	mu     sync.Mutex
+	polls  [][]string
+	asked  int
+	kicked int
 }
 
-func (l *listings) Connections(context.Context, []string, int) (map[string]int, error) {
+func (l *listings) ListConnections(context.Context, int) ([]broker.Connection, map[string]bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := l.polls[min(l.asked, len(l.polls)-1)]
+	var conns []broker.Connection
+	for i, k := range l.polls[min(l.asked, len(l.polls)-1)] {
+		conns = append(conns, broker.Connection{Server: "s", CID: uint64(i + 1), User: k})
+	}
 	l.asked++
-	return n, nil
+	return conns, map[string]bool{"s": true}, nil
+}
+
+func (l *listings) Kick(context.Context, string, uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.kicked++
+	return nil
 }
 
 // An eviction counts a key gone only once a second listing agrees with the first that found
-// none of them left: one listing can miss a connection that moved between two of its pages.
-func TestAnEvictionCountsAKeyGoneOnlyWhenTwoListingsAgree(t *testing.T) {
+// none of them left (one listing can miss a connection that moved between two of its pages),
+// and kicks every connection of the keys it lists: one whose authentication was under way as
+// the key left got in after the broker closed the others.
+func TestAnEvictionKicksWhatItListsAndCountsAKeyGoneOnlyWhenTwoListingsAgree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &listings{polls: []map[string]int{
-			{"B": 1},  // A gone
-			{},        // B gone too: listed again at once
-			{"A": 1},  // the second listing finds A, which the first missed
-			{},        // none again
-			{},        // and a second listing agrees
-			{"A": 99}, // never asked
+		b := &listings{polls: [][]string{
+			{"B", "C"}, // A gone; C is not asked after
+			{},         // B gone too: listed again at once
+			{"A"},      // the second listing finds A, which the first missed
+			{},         // none again
+			{},         // and a second listing agrees
+			{"A"},      // never asked
 		}}
 		s := &Set{Broker: b}
-		if got := s.Evict(ctx(t), []string{"A", "B"}); got != 2 || b.asked != 5 {
-			t.Fatalf("Evict: %d keys gone after %d listings, want 2 after 5", got, b.asked)
+		if got := s.Evict(ctx(t), []string{"A", "B"}); got != 2 || b.asked != 5 || b.kicked != 2 {
+			t.Fatalf("Evict: %d keys gone after %d listings and %d kicks, want 2 after 5 listings and 2 kicks", got, b.asked, b.kicked)
 		}
-		stuck := &listings{polls: []map[string]int{{}, {"A": 1}}}
+		stuck := &listings{polls: [][]string{{}, {"A"}}}
 		c, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if got := (&Set{Broker: stuck}).Evict(c, []string{"A", "B"}); got != 1 {
 			t.Fatalf("Evict with A listed until the deadline: %d keys gone, want 1 (B)", got)
 		}
 	})
+}
+
+// TestAKickOfStaleConnectionsClosesOnlyThoseOfKeysOffTheSet: connections signed by a key off
+// the set are kicked; those of a live instance's key, of the account's own key, and of the
+// callout (no JWT of their own) are not.
+func TestAKickOfStaleConnectionsClosesOnlyThoseOfKeysOffTheSet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _, _ := newSet(t)
+		live, ended := iid(), iid()
+		for _, id := range []string{live, ended} {
+			if _, err := s.Issuer(ctx(t), id, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := s.Remove(ctx(t), ended); err != nil || !out.Done {
+			t.Fatal(out, err)
+		}
+		livePub, _ := s.Keys.Public(live)
+		endedPub, _ := s.Keys.Public(ended)
+		b := &kicks{resolver: s.Broker.(*resolver), conns: []broker.Connection{
+			{Server: "s", CID: 1, User: "U1", Signer: livePub},
+			{Server: "s", CID: 2, User: "U2", Signer: endedPub},
+			{Server: "s", CID: 3, User: "U3", Signer: s.Own},
+			{Server: "s", CID: 4, Callout: true},
+			{Server: "s", CID: 5, User: "U5", Signer: endedPub},
+		}}
+		s.Broker = b
+		if n, err := s.KickStale(ctx(t)); err != nil || n != 2 || !slices.Equal(b.kicked, []uint64{2, 5}) {
+			t.Fatalf("KickStale: %d, %v, kicked %v; want connections 2 and 5", n, err, b.kicked)
+		}
+	})
+}
+
+// kicks is a broker of one server listing conns and noting each kick.
+type kicks struct {
+	*resolver
+	conns  []broker.Connection
+	kicked []uint64
+}
+
+func (k *kicks) ListConnections(context.Context, int) ([]broker.Connection, map[string]bool, error) {
+	return k.conns, map[string]bool{"s": true}, nil
+}
+
+func (k *kicks) Kick(_ context.Context, _ string, cid uint64) error {
+	k.kicked = append(k.kicked, cid)
+	return nil
 }
