@@ -22,6 +22,9 @@ type Hooks struct {
 	// SyncCheckEvery, when set, is how often the servers' sync settings are read again,
 	// instead of every SyncCheckEvery.
 	SyncCheckEvery time.Duration
+	// SignersCapacity, when set, lowers the space's instance capacity to it (a space filled
+	// with a few real registrations rather than some 13,000).
+	SignersCapacity int
 	// SignersBroker, when set, wraps the broker the signer set pushes to and reads back from
 	// (a fault injected between them).
 	SignersBroker func(signers.Broker) signers.Broker

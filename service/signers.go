@@ -69,6 +69,9 @@ func (p *Plane) newSigners(system *nats.Conn) error {
 	if p.signers.Capacity, err = signers.Capacity(p.signers.Sign, system.MaxPayload()); err != nil {
 		return fmt.Errorf("data account policy: %w", err)
 	}
+	if p.cfg.Hooks != nil && p.cfg.Hooks.SignersCapacity > 0 {
+		p.signers.Capacity = min(p.signers.Capacity, p.cfg.Hooks.SignersCapacity)
+	}
 	p.info.InstanceCapacity = p.signers.Capacity
 	return nil
 }
