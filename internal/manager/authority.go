@@ -346,10 +346,10 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 
 // mint issues duties of owner's instance through the pipeline, committing with steps (the
 // manager's gate last), and shapes the material. row is the gate row the material describes
-// (for prepare, the registration it writes); registered says the gate was read registered and
-// open (every operation but the first prepare of an instance). A supervised instance's every credential, and
-// every credential a platform supervisor asks for, is clamped to its assignment's end, and
-// refused once that has passed.
+// (for prepare, the registration it writes); registered: the gate was read registered and open
+// (all but an instance's first prepare). A supervised instance's every credential, and every
+// credential a platform supervisor asks for, is clamped to its assignment's end, and refused
+// once that has passed.
 func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, registered bool, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	if slices.Contains(duties, subjects.DutyServe) {

@@ -259,3 +259,26 @@ func (b *reach) connections(ctx context.Context) ([]broker.Connection, error) {
 	}
 	return conns, err
 }
+
+// pushVia pushes the newest JWT this plane signed through the server connection of each waiter
+// of ws that names one, and closes it once that server took it. It returns the waiters that
+// name none (a push to every server, read back from each), and whether a push failed.
+func (r *rounds) pushVia(ctx context.Context, ws []*waiter) (all []*waiter, failed bool) {
+	s := r.s
+	for _, w := range ws {
+		if w.via == nil {
+			all = append(all, w)
+			continue
+		}
+		if err := w.via.Push(ctx, r.token); err != nil {
+			r.note(fmt.Errorf("the server did not take the account JWT: %w", err))
+			failed = true
+			continue
+		}
+		s.mu.Lock()
+		w.confirmed = true
+		s.close(w)
+		s.mu.Unlock()
+	}
+	return all, failed
+}

@@ -135,23 +135,7 @@ func (r *rounds) again(ctx context.Context) bool {
 	if err != nil || cur.Row.IssuedAt != r.tokenAt {
 		return false // another replica signed since: a round signs anew
 	}
-	var all []*waiter
-	failed := false
-	for _, w := range ws {
-		if w.via == nil {
-			all = append(all, w)
-			continue
-		}
-		if err := w.via.Push(ctx, r.token); err != nil {
-			r.note(fmt.Errorf("the server did not take the account JWT: %w", err))
-			failed = true
-			continue
-		}
-		s.mu.Lock()
-		w.confirmed = true
-		s.close(w)
-		s.mu.Unlock()
-	}
+	all, failed := r.pushVia(ctx, ws)
 	if len(all) == 0 {
 		if failed {
 			r.pause(ctx)
@@ -219,12 +203,9 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 	// The row as this plane last wrote or read it is tried first, at its revision: when no
 	// other replica wrote since, that saves the read. A row that moved is read again.
 	o, err := s.fence().UpdateFrom(ctx, known, decide)
-	switch {
-	case errors.Is(err, errTooSoon):
+	if errors.Is(err, errTooSoon) {
 		return seen, "", err
-	case errors.Is(err, ErrNoSigner):
-		return nil, "", err
-	case err != nil:
+	} else if err != nil {
 		return nil, "", err
 	}
 	s.learn(fresh, verdicts)
@@ -381,15 +362,7 @@ func (s *Set) learn(fresh []*waiter, verdicts map[*waiter]verdict) {
 
 // sameKeys reports whether a and b hold the same instances.
 func sameKeys(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if _, ok := b[k]; !ok {
-			return false
-		}
-	}
-	return true
+	return maps.EqualFunc(a, b, func(int64, int64) bool { return true })
 }
 
 // release closes the waiters of ws whose change every server holds in held (with a JWT issued
