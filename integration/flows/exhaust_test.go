@@ -33,6 +33,7 @@ func TestNoOwnerCanStopAnotherOwnersEndFromRevoking(t *testing.T) {
 	mutate := func(c *service.Config) {
 		harness.AgainstStandalone(sa)(c)
 		c.MaxInstancesPerOwner = budget
+		c.RequestTimeout = 10 * time.Second // first prepares wait for a signing; the machine may be loaded
 		c.Hooks = &service.Hooks{SignersCapacity: capacity}
 	}
 	p1, p2 := harness.StartPlane(t, mutate), harness.StartPlane(t, mutate)
@@ -65,6 +66,13 @@ func TestNoOwnerCanStopAnotherOwnersEndFromRevoking(t *testing.T) {
 	if got := fill(t, []*harness.TestPlane{p1, p2}, []string{one}, 2*budget); got[one] != budget {
 		t.Fatalf("one owner filling: %d instances registered, want its budget %d", got[one], budget)
 	}
+	// A first prepare refused at its commit (the quota, decided again there) leaves its key
+	// on the set until the sweep: more than the budget, never more than the prepares sent.
+	if n := len(harness.LiveSigners(t, p1)); n < len(victims)+budget || n > len(victims)+2*budget {
+		t.Fatalf("one owner filling: %d instances live, want %d to %d", n, len(victims)+budget, len(victims)+2*budget)
+	} else {
+		harness.Report(t, "one owner filling: %d keys live beyond its %d instances, until the sweep", n-len(victims)-budget, budget)
+	}
 	end(victims[0], "after one owner filled")
 
 	var ten []string
@@ -77,8 +85,9 @@ func TestNoOwnerCanStopAnotherOwnersEndFromRevoking(t *testing.T) {
 	}
 	end(victims[1], "after ten owners filled the space")
 
-	// The end took one instance off: after a restart, the owners get that one place and no
-	// other (an owner at its budget gets none), as they would have before it.
+	// The end took one instance off: after a restart, the owners get that place (and any the
+	// sweep freed of keys left by refused prepares) and no other; the owner at its budget gets
+	// none, as before the restart.
 	harness.ClosePlane(t, p1.Plane)
 	p1 = harness.StartPlane(t, mutate)
 	got = fill(t, []*harness.TestPlane{p1, p2}, append([]string{one}, ten...), 2)
@@ -86,8 +95,8 @@ func TestNoOwnerCanStopAnotherOwnersEndFromRevoking(t *testing.T) {
 	for _, n := range got {
 		total += n
 	}
-	if total != 1 || got[one] != 0 {
-		t.Fatalf("after a restart the owners registered %v more, want one instance in the place the end left, none of the owner at its budget", got)
+	if total < 1 || got[one] != 0 {
+		t.Fatalf("after a restart the owners registered %v more, want the place the end left taken, none by the owner at its budget", got)
 	}
 	if n := len(harness.LiveSigners(t, p1)); n != capacity {
 		t.Fatalf("after a restart: %d instances live, want the capacity %d", n, capacity)

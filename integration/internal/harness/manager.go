@@ -206,6 +206,18 @@ func AskWithin(timeout time.Duration, nc *nats.Conn, owner, actor, endpoint stri
 	return o
 }
 
+// AskUntilAnswered is AskWithin sent again, up to four times, while it answers unavailable or
+// not at all: a first prepare waits for a signing, which a loaded machine may not make by the
+// deadline, and a manager sends it again.
+func AskUntilAnswered(timeout time.Duration, nc *nats.Conn, owner, actor, endpoint string, body any) Outcome {
+	for try := 1; ; try++ {
+		o := AskWithin(timeout, nc, owner, actor, endpoint, body)
+		if (o.Code != "unavailable" && o.Code != "transport") || try == 4 {
+			return o
+		}
+	}
+}
+
 func WantDuties(t testing.TB, op string, m Material, duties ...string) {
 	t.Helper()
 	if len(m.Credentials) != len(duties) {

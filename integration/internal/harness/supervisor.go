@@ -120,15 +120,28 @@ func (pa *PlatformAdmin) Authority(s *Supervised, op string) (*client.Material, 
 	return pa.C.SupervisorAuthority(CallCtx(pa.t), pa.Body(s, op))
 }
 
-// Register prepares and activates s through supervisor-authority.
+// Register prepares and activates s through supervisor-authority, each sent again (as a
+// manager would) while it answers unavailable: a first prepare waits for a signing of the data
+// account's JWT, which a loaded machine may not make by the deadline.
 func (pa *PlatformAdmin) Register(s *Supervised) {
 	pa.t.Helper()
 	var err error
-	if s.Prep, err = pa.Authority(s, client.OpPrepare); err != nil {
-		pa.t.Fatalf("supervised prepare: %v", err)
-	}
-	if s.Act, err = pa.Authority(s, client.OpActivate); err != nil {
-		pa.t.Fatalf("supervised activate: %v", err)
+	for _, op := range []string{client.OpPrepare, client.OpActivate} {
+		var m *client.Material
+		for try := 1; ; try++ {
+			var r *client.Refusal
+			if m, err = pa.Authority(s, op); err == nil || !errors.As(err, &r) || r.Code != "unavailable" || try == 4 {
+				break
+			}
+		}
+		if err != nil {
+			pa.t.Fatalf("supervised %s: %v", op, err)
+		}
+		if op == client.OpPrepare {
+			s.Prep = m
+		} else {
+			s.Act = m
+		}
 	}
 }
 
