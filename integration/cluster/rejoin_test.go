@@ -19,9 +19,10 @@ import (
 )
 
 // RejoinBound is the longest a rejoining server admits an ended credential, from the moment it
-// accepts clients, as docs/SECURITY.md states it: nats-server lets clients in before its routes
-// are up, so until the plane hears it join (its first announcement crosses a route) and pushes
-// the newest account JWT to it, it holds what it held when it went down.
+// accepts clients, as docs/SECURITY.md states it, on a quiet machine (the test widens it by the
+// load: testkit.Stretched). nats-server lets clients in as soon as it listens, with the account
+// JWT it held when it went down, until the plane's push through its own connection to that
+// server (or its id poll's push to every server) lands.
 const RejoinBound = 3 * time.Second
 
 // probe connects to one server again and again with one credential until stopped, and keeps
@@ -243,8 +244,8 @@ func TestARejoiningNodeAdmitsNoEndedCredentialPastTheBound(t *testing.T) {
 		windows = append(windows, window)
 		t.Logf("rejoin %d (n%d, first client %s): routed %s after its first client, the newest JWT in place after %s, last admission after %s",
 			r, k+1, first.Format("15:04:05.000"), routed.Sub(first).Round(time.Millisecond), newest.Sub(first).Round(time.Millisecond), window.Round(time.Millisecond))
-		if window > RejoinBound {
-			t.Errorf("rejoin %d: n%d admitted an ended credential %s after it accepted its first client, past the bound %s", r, k+1, window, RejoinBound)
+		if bound := testkit.Stretched(RejoinBound); window > bound {
+			t.Errorf("rejoin %d: n%d admitted an ended credential %s after it accepted its first client, past the bound %s (%s on a quiet machine)", r, k+1, window, bound, RejoinBound)
 		}
 		c.waitFormed(t)
 	}
