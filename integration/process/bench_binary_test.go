@@ -151,8 +151,8 @@ func TestBinaryBenchPrintsTheClusterEndAndStormPhases(t *testing.T) {
 						t.Errorf("end cell %d %s: got %v, want a figure above 0", i, key, cell[key])
 					}
 				}
-				if keys, _ := cell["set_keys"].(float64); keys < fill || keys <= 0 {
-					t.Errorf("end cell %d: the set holds %v keys, want at least %v and the ends' own", i, cell["set_keys"], fill)
+				if keys, _ := cell["signers"].(float64); keys < fill || keys <= 0 {
+					t.Errorf("end cell %d: the account JWT lists %v signing keys, want at least the %v live instances' and the account's own", i, cell["signers"], fill)
 				}
 			}
 

@@ -174,6 +174,8 @@ type Signers interface {
 	// Issuer returns the issuer of instance iid's credentials; registered says its gate was
 	// seen registered and open. A refusal is a *fault.Error.
 	Issuer(ctx context.Context, iid string, registered bool) (*mint.Issuer, error)
+	// Room refuses, writing nothing, an instance Issuer would refuse for want of room.
+	Room(ctx context.Context, iid string, registered bool) error
 }
 
 // Pipeline mints for one account.
@@ -246,11 +248,18 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	if plan.Instance.IsServerChosen() {
 		fresh = len(keys) // no instance claims a key the broker chose: each is new
 	}
+	signed := p.Signers != nil && !plan.Instance.IsServerChosen()
+	if signed {
+		// A full space refuses before the budgets are spent: a refusal writes nothing.
+		if err := p.Signers.Room(work, plan.Instance.ID(), plan.Registered); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.spend(work, plan, fresh); err != nil {
 		return nil, err
 	}
 	issuer := p.Issuer
-	if p.Signers != nil && !plan.Instance.IsServerChosen() {
+	if signed {
 		if issuer, err = p.Signers.Issuer(work, plan.Instance.ID(), plan.Registered); err != nil {
 			return nil, err
 		}

@@ -264,7 +264,7 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 		case states[i] != "" && states[i] != gate.Open:
 			v[w] = verdict{refused: fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", iid, states[i])}
 		case len(next.Live) >= s.Capacity:
-			v[w] = verdict{refused: fault.New(fault.ResourceExhausted, "the space holds %d live manager instances, as many as the data account's JWT can list the signing keys of (it must fit in one broker message); retire one, or raise the broker's max_payload", len(next.Live))}
+			v[w] = verdict{refused: full(len(next.Live))}
 		default:
 			next.Live[iid] = now
 			write = true
