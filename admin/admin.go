@@ -105,6 +105,9 @@ type CredsOptions struct {
 	// MaxSubscriptions and MaxPayload bound the user, as every credential the plane mints is.
 	MaxSubscriptions int64
 	MaxPayload       int64
+	// Issuer signs it: the data account's signing key that signs now (CredsIssuer); nil is
+	// the material's (generation 0, before any rotation).
+	Issuer *mint.Issuer
 }
 
 // DefaultCreds are the options `authplane creds` starts from: a caller for a day, with the
@@ -154,9 +157,11 @@ func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, erro
 		return IssuedCreds{}, err
 	}
 	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
-	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now })
-	if err != nil {
-		return IssuedCreds{}, err
+	iss := o.Issuer
+	if iss == nil {
+		if iss, err = mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now }); err != nil {
+			return IssuedCreds{}, err
+		}
 	}
 	kp, err := nkeys.CreateUser()
 	if err != nil {

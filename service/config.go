@@ -84,6 +84,9 @@ type Config struct {
 	PlaneUserTTL time.Duration
 	// StandingTTL is the lifetime of standing credentials (5s to 24h).
 	StandingTTL time.Duration
+	// RotateSigningEvery, when set, makes the plane begin a scheduled rotation of the data
+	// account's signing keys once the current ones have signed that long (0: never on its own).
+	RotateSigningEvery time.Duration
 	// MaxAssignmentTTL bounds a platform supervisor assignment.
 	MaxAssignmentTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) manager instances.
@@ -286,6 +289,9 @@ func (c Config) Validate() error {
 	// (store.MintedMaxAge): the standing TTL's bound is that life.
 	if c.StandingTTL < 5*time.Second || c.StandingTTL > store.MintedMaxAge/2 {
 		bad("--standing-ttl %s: want 5s to %s", c.StandingTTL, store.MintedMaxAge/2)
+	}
+	if c.RotateSigningEvery != 0 && (c.RotateSigningEvery < time.Hour || c.RotateSigningEvery > 365*24*time.Hour) {
+		bad("--rotate-signing-every %s: want 0 (never) or 1h to 8760h", c.RotateSigningEvery)
 	}
 	if c.MaxAssignmentTTL < time.Minute || c.MaxAssignmentTTL > 365*24*time.Hour {
 		bad("--max-assignment-ttl %s: want 1m to 8760h", c.MaxAssignmentTTL)

@@ -28,4 +28,10 @@ type Hooks struct {
 	// SignersBroker, when set, wraps the broker the signer set pushes to and reads back from
 	// (a fault injected between them).
 	SignersBroker func(signers.Broker) signers.Broker
+	// RotationTick, when set, is how often a rotation of the signing keys is resumed (and a
+	// scheduled one begun), instead of every RotationTick.
+	RotationTick time.Duration
+	// RotationStopAfter, when set, stops a rotation of the signing keys this plane makes as a
+	// crash would, after each step for which it reports true (signers.Step…).
+	RotationStopAfter func(step string) bool
 }

@@ -87,8 +87,9 @@ type Plane struct {
 	unsynced atomic.Pointer[[]string]
 	// signers are the data account's live signing keys, applied through the system user;
 	// repush asks for the newest account JWT to be pushed again (a server (re)joined).
-	signers *signers.Set
-	repush  chan struct{}
+	signers  *signers.Set
+	repush   chan struct{}
+	rotation *signers.Rotation
 	// dataAccount is the data account reached through the system user's connection; conns
 	// the account's connections held to their budgets through it, relisted when relist is
 	// signalled (its reconnection).
@@ -313,6 +314,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	if err := p.newSigners(system); err != nil {
 		return err
 	}
+	p.newRotation()
 	if p.keys.OperatorSigner == nil {
 		p.log.Warn("the plane and data accounts keep the exports and limits of the space material, and ends cannot revoke at the broker: " + space.ErrNoOperatorSigner.Error())
 		return nil
@@ -329,6 +331,7 @@ func (p *Plane) applyAccountPolicy(ctx context.Context) error {
 	}
 	p.recheckSigners()
 	p.watchServers()
+	p.rotateOnTick()
 	return p.pinServers()
 }
 

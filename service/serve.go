@@ -89,6 +89,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		Witness:              p.stores,
 		Pipeline:             pipeline,
 		ProofKey:             proofKey,
+		Trust:                p.trust(),
 		StandingTTL:          cfg.StandingTTL,
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 		// A tenth of an hour's budget at once.
@@ -152,7 +153,18 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	bus := &handlers.Bus{Space: cfg.Space, Timeout: cfg.RequestTimeout, Guard: d.guard, Log: p.log}
 	fns := d.fns
 	open := func() (*serving, error) {
-		nc, err := p.dial("serving", dataIssuer, subjects.ServingPermissions(cfg.Space), nil)
+		auth, err := p.servingAuth(dataIssuer)
+		if err != nil {
+			return nil, err
+		}
+		// The broker closes it when a rotation takes its signing key off: it connects again at
+		// once, under the new one, however often the old one is refused first.
+		nc, err := p.dialWith("serving", auth, nil, nats.IgnoreAuthErrorAbort(), nats.CustomReconnectDelay(func(round int) time.Duration {
+			if round == 1 {
+				return 0
+			}
+			return 250 * time.Millisecond
+		}))
 		if err != nil {
 			return nil, err
 		}

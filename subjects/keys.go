@@ -1,5 +1,7 @@
 package subjects
 
+import "strconv"
+
 // Bucket names, one family each (docs/OPERATIONS.md, "What it runs": the stores). All live in the plane account.
 
 // AuthBucket holds the fences: gates, run fences and revocation sets.
@@ -108,3 +110,13 @@ func IdentityKey(name string) string { return "identity." + name }
 // RegisteredKey is the key, in SecretsBucket, of the mark that the instance claimed under name
 // registered its gate.
 func RegisteredKey(name string) string { return "registered." + name }
+
+// SigningGenKey is the key of one generation of an account's signing keys in KeysBucket: its
+// root's seed, create-only.
+func SigningGenKey(account string, gen uint64) string {
+	return "signing." + account + "." + strconv.FormatUint(gen, 10)
+}
+
+// RotationKey is the key of an account's signing-key rotation in AuthBucket: which generation
+// signs, which keys the proofs, and the rotation under way.
+func RotationKey(account string) string { return "rotation." + account }

@@ -146,6 +146,7 @@ func SystemPermissions(dataAccount, planeAccount string) Permissions {
 			AccountClaimsUpdate(planeAccount),
 			AccountClaimsLookup(dataAccount),
 			AccountClaimsLookup(planeAccount),
+			AccountInfo(dataAccount),
 			AccountConnz(dataAccount),
 			ServerKick("*"),
 			ServerPing,

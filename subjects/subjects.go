@@ -205,6 +205,9 @@ func AccountClaimsLookup(account string) string {
 	return "$SYS.REQ.ACCOUNT." + account + ".CLAIMS.LOOKUP"
 }
 
+// AccountInfo is the subject every server answers with what it holds of account: its JWT.
+func AccountInfo(account string) string { return "$SYS.REQ.ACCOUNT." + account + ".INFO" }
+
 // AccountConnz asks every server for the account's connections.
 func AccountConnz(account string) string { return "$SYS.REQ.ACCOUNT." + account + ".CONNZ" }
 

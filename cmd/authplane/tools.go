@@ -101,13 +101,19 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	issued, err := admin.IssueCreds(m, o, time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := time.Now()
+	// Signed by the data account's signing key that signs now, its expiry recorded against it
+	// first: a scheduled rotation keeps that key listed until the credential has expired.
+	if o.Issuer, err = admin.CredsIssuer(ctx, m, url, now.Add(o.TTL)); err != nil {
+		return fmt.Errorf("%s not written: %w", *out, err)
+	}
+	issued, err := admin.IssueCreds(m, o, now)
 	if err != nil {
 		return err
 	}
 	// No record, no credential: the file is written only once its `minted` record is.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := admin.RecordCreds(ctx, m, url, issued); err != nil {
 		return fmt.Errorf("%s not written: its minted record could not be: %w", *out, err)
 	}

@@ -281,6 +281,42 @@ func (k *Keys) Retire(ctx context.Context, kid string) error {
 	return nil
 }
 
+// Replace is the bearer side of an emergency rotation: a key added at since or later signs (a
+// fresh one is added unless the one that signs is such a key), and every other key is retired
+// at once, without the retire floor: every bearer they signed is refused from the moment it is
+// stored. Made twice with the same since, it changes nothing the second time. It returns the
+// kid of the key that signs.
+func (k *Keys) Replace(ctx context.Context, since time.Time) (string, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	fresh, err := entry(priv, k.now())
+	if err != nil {
+		return "", err
+	}
+	o, err := k.set.Update(ctx, func(cur *fence.Observed[keySet]) (keySet, error) {
+		if cur.Absent() {
+			return keySet{}, errors.New("the space has no bearer keys yet: start the plane once")
+		}
+		next := cur.Row
+		i := slices.IndexFunc(next.Keys, func(e stored) bool { return e.KID == next.Active })
+		active := next.Keys[i]
+		if active.AddedAt < since.Unix() {
+			active, next.Active = fresh, fresh.KID
+		}
+		if len(next.Keys) == 1 && next.Keys[0].KID == active.KID {
+			return keySet{}, fence.ErrKeep
+		}
+		next.Keys = []stored{active}
+		return next, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("replace the bearer keys: %w", err)
+	}
+	return o.Row.Active, nil
+}
+
 // Key describes one published key: its kid, whether it signs, when it was added and when it
 // stopped signing (zero while it signs), and when it may be retired.
 type Key struct {

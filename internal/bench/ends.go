@@ -116,7 +116,7 @@ func fillSet(ctx context.Context, t Target, s *side, fill int) error {
 			if _, errs[i] = gate.Of(gates, subjects.GateEndpointManager, iid).Update(rctx, func(*gate.Gate) (gate.Row, error) { return row, nil }); errs[i] != nil {
 				return
 			}
-			_, errs[i] = set.Issuer(rctx, iid, true)
+			_, errs[i] = set.Issuer(rctx, iid, 0, true)
 		})
 	}
 	wg.Wait()

@@ -29,7 +29,9 @@ type Connection struct {
 	User, Signer string
 	// Callout says the auth callout authorized it (it presented no user JWT of its own).
 	Callout bool
-	Start   time.Time
+	// Issuer is the key that signed its user: an account signing key, or the account's own.
+	Issuer string
+	Start  time.Time
 }
 
 // clientKind is how a server names a client connection (not a leaf node's, a route's, or one
@@ -46,6 +48,7 @@ type clientInfo struct {
 	User       string    `json:"user"`
 	AuthUser   string    `json:"authorized_user"`
 	JWT        string    `json:"jwt"`
+	Issuer     string    `json:"issuer_key"`
 	Kind       string    `json:"kind"`
 	ClientType string    `json:"client_type"`
 }
@@ -56,7 +59,7 @@ func (c clientInfo) connection(server string) (Connection, bool) {
 	if c.Kind != clientKind && c.Kind != "" {
 		return Connection{}, false
 	}
-	conn := Connection{Server: server, CID: c.ID, Start: c.Start}
+	conn := Connection{Server: server, CID: c.ID, Start: c.Start, Issuer: c.Issuer}
 	if c.CID != 0 {
 		conn.CID = c.CID
 	}

@@ -66,6 +66,10 @@ type Registration struct {
 	LifecycleUID     string `json:"lifecycleUid"`
 	IdentitiesDigest string `json:"identitiesDigest"`
 	PreparedBy       string `json:"preparedBy"`
+	// Trust is the generation of the data account's signing keys whose root keyed the
+	// registration's proofs (0 until an emergency rotation replaces it): a renewal of a
+	// registration made under an older one is refused `expired`.
+	Trust uint64 `json:"trust,omitempty"`
 }
 
 // Gate is a gate as observed: its row, the exact bytes read, and their revision.

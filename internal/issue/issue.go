@@ -109,8 +109,11 @@ type Plan struct {
 	// Registered says the plan saw its instance's gate registered and open before signing:
 	// its signing key, once seen live, is taken to be live still (Signers).
 	Registered bool
-	Ceiling    Ceiling
-	Steps      []Step
+	// Trust is the generation of signing keys whose root keyed the instance's registration
+	// proof: Signers refuses it once an emergency rotation has replaced that root.
+	Trust   uint64
+	Ceiling Ceiling
+	Steps   []Step
 	// Hook, when set, runs after the credentials are signed and recorded `minted` and before
 	// the first commit (the supervisor stages its generations here). An error discards the
 	// mint; a *fault.Error is answered as it is.
@@ -169,19 +172,23 @@ type Recorder interface {
 }
 
 // Signers gives each manager instance the issuer of its own signing key, once the broker lists
-// the key (docs/SECURITY.md, "How": revocation by removal).
+// the key (docs/SECURITY.md, "How": revocation by removal), of the generation of signing keys
+// that signs now (key rotation).
 type Signers interface {
-	// Issuer returns the issuer of instance iid's credentials; registered says its gate was
-	// seen registered and open. A refusal is a *fault.Error.
-	Issuer(ctx context.Context, iid string, registered bool) (*mint.Issuer, error)
+	// Issuer returns the issuer of instance iid's credentials; trust is the generation its
+	// registration's proof was keyed by, registered says its gate was seen registered and open.
+	// A refusal is a *fault.Error.
+	Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*mint.Issuer, error)
 	// Room refuses, writing nothing, an instance Issuer would refuse for want of room.
 	Room(ctx context.Context, iid string, registered bool) error
+	// Main returns the issuer of what no instance's key signs (the auth callout's users).
+	Main(ctx context.Context) (*mint.Issuer, error)
 }
 
 // Pipeline mints for one account.
 type Pipeline struct {
-	// Issuer signs what no instance's key signs: the auth callout's users, and every
-	// credential when Signers is nil (a plane without the operator signing key).
+	// Issuer signs every credential when Signers is nil (a plane without the operator signing
+	// key).
 	Issuer *mint.Issuer
 	// Signers, when set, signs each instance's credentials with the instance's own key.
 	Signers Signers
@@ -259,10 +266,15 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		return nil, err
 	}
 	issuer := p.Issuer
-	if signed {
-		if issuer, err = p.Signers.Issuer(work, plan.Instance.ID(), plan.Registered); err != nil {
-			return nil, err
-		}
+	switch {
+	case p.Signers == nil:
+	case plan.Instance.IsServerChosen():
+		issuer, err = p.Signers.Main(work)
+	default:
+		issuer, err = p.Signers.Issuer(work, plan.Instance.ID(), plan.Trust, plan.Registered)
+	}
+	if err != nil {
+		return nil, err
 	}
 
 	out := &Issued{At: now, Credentials: make([]Credential, 0, len(plan.Grants))}

@@ -26,7 +26,7 @@ func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *clien
 		if err := e.requireSupervise(ctx, caller); err != nil {
 			return nil, err
 		}
-		return e.authenticateOn(caller.Owner, env, gateRead)
+		return e.authenticateOn(ctx, caller.Owner, env, gateRead)
 	}
 	g, err := e.authenticate(ctx, caller.Owner, env)
 	if err != nil {
@@ -81,11 +81,11 @@ func (e *Engine) readAhead(ctx context.Context, iid string) func() (*gate.Gate, 
 // process epoch current, the identities and lifecycle the registered ones, and the current
 // proof, compared in constant time. It returns the gate as read.
 func (e *Engine) authenticate(ctx context.Context, owner string, env *client.Envelope) (*gate.Gate, error) {
-	return e.authenticateOn(owner, env, func() (*gate.Gate, error) { return e.registered(ctx, env.InstanceID) })
+	return e.authenticateOn(ctx, owner, env, func() (*gate.Gate, error) { return e.registered(ctx, env.InstanceID) })
 }
 
 // authenticateOn is authenticate with the gate read by read, once the account is checked.
-func (e *Engine) authenticateOn(owner string, env *client.Envelope, read func() (*gate.Gate, error)) (*gate.Gate, error) {
+func (e *Engine) authenticateOn(ctx context.Context, owner string, env *client.Envelope, read func() (*gate.Gate, error)) (*gate.Gate, error) {
 	iid := env.InstanceID
 	if *env.AccountPublicKey != e.Account {
 		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")
@@ -106,7 +106,14 @@ func (e *Engine) authenticateOn(owner string, env *client.Envelope, read func() 
 	if err := checkRegistration(g, env); err != nil {
 		return nil, err
 	}
-	if !proofEqual(*env.RegistrationProof, proof(e.ProofKey, labelCurrent, e.Space, owner, iid, g.Row)) {
+	trust, key, err := e.trust(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTrust(g, trust); err != nil {
+		return nil, err
+	}
+	if !proofEqual(*env.RegistrationProof, proof(key, labelCurrent, e.Space, owner, iid, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the current proof of instance %s", iid)
 	}
 	return g, nil

@@ -33,8 +33,11 @@ type Engine struct {
 	Witness    Witness
 	// Pipeline mints: every credential this engine issues goes through it.
 	Pipeline *issue.Pipeline
-	// ProofKey keys the registration proofs (ProofKey).
-	ProofKey []byte
+	// ProofKey keys the registration proofs (ProofKey) when Trust is nil; Trust, when set,
+	// says which generation's root keys them now.
+	ProofKey  []byte
+	Trust     Trust
+	proofKeys proofKeys
 	// StandingTTL is the lifetime of standing credentials; the executor's is min(5m, it).
 	StandingTTL time.Duration
 	// MaxInstancesPerOwner bounds an owner's live (non-retired) instances.
@@ -211,10 +214,15 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
+	trust, key, err := e.trust(ctx)
+	if err != nil {
+		return nil, err
+	}
 	reg := &gate.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
 		PreparedBy:       preparedBy,
+		Trust:            trust,
 	}
 	var row gate.Row
 	var steps []issue.Step
@@ -253,7 +261,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
-	m.RegistrationProof = proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, row)
+	m.RegistrationProof = proof(key, labelRegistration, e.Space, caller.Owner, req.InstanceID, row)
 	return m, nil
 }
 
@@ -316,7 +324,14 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if err := checkRegistration(g, &req.Envelope); err != nil {
 		return nil, err
 	}
-	if !proofEqual(*req.RegistrationProof, proof(e.ProofKey, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
+	trust, key, err := e.trust(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTrust(g, trust); err != nil {
+		return nil, err
+	}
+	if !proofEqual(*req.RegistrationProof, proof(key, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {
 		return nil, fault.New(fault.PermissionDenied, "registrationProof is not the proof of the current registration of instance %s", req.InstanceID)
 	}
 	m, err := e.mint(ctx, caller.Owner, req, about, g.Row, true, []issue.Step{issue.Unchanged(g)}, nil, sup,
@@ -324,7 +339,7 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if err != nil {
 		return nil, err
 	}
-	m.NextRegistrationProof = proof(e.ProofKey, labelCurrent, e.Space, caller.Owner, req.InstanceID, g.Row)
+	m.NextRegistrationProof = proof(key, labelCurrent, e.Space, caller.Owner, req.InstanceID, g.Row)
 	return m, nil
 }
 
@@ -361,7 +376,8 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends, Registered: registered}
+	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends, Registered: registered,
+		Trust: trustOf(row)}
 	if req.Operation == OpPrepare {
 		for _, d := range subjects.StandingDuties {
 			nkey, field := identityKey(req.Identities)(d)

@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"context"
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -8,10 +9,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -34,6 +37,61 @@ func ProofKey(signer nkeys.KeyPair) ([]byte, error) {
 		return nil, fmt.Errorf("proof key: %w", err)
 	}
 	return hkdf.Key(sha256.New, seed, nil, proofInfo, 32)
+}
+
+// Trust is which generation of the data account's signing keys keys the registration proofs:
+// the last emergency rotation's (docs/SECURITY.md, "Rotating the signing keys").
+type Trust interface {
+	// Trust returns that generation and its root, read now.
+	Trust(ctx context.Context) (uint64, nkeys.KeyPair, error)
+}
+
+// proofKeys derives and keeps each generation's proof key.
+type proofKeys struct {
+	mu   sync.Mutex
+	keys map[uint64][]byte
+}
+
+// trust returns the generation that keys the proofs now and its proof key: generation 0's
+// ProofKey when the engine has no Trust.
+func (e *Engine) trust(ctx context.Context) (uint64, []byte, error) {
+	if e.Trust == nil {
+		return 0, e.ProofKey, nil
+	}
+	gen, root, err := e.Trust.Trust(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	e.proofKeys.mu.Lock()
+	defer e.proofKeys.mu.Unlock()
+	if key, ok := e.proofKeys.keys[gen]; ok {
+		return gen, key, nil
+	}
+	key, err := ProofKey(root)
+	if err != nil {
+		return 0, nil, fault.Wrap(fault.Internal, err, "deriving the proof key")
+	}
+	if e.proofKeys.keys == nil {
+		e.proofKeys.keys = map[uint64][]byte{}
+	}
+	e.proofKeys.keys[gen] = key
+	return gen, key, nil
+}
+
+// checkTrust refuses a registration made under a trust root an emergency rotation replaced.
+func checkTrust(g *gate.Gate, trust uint64) error {
+	if reg := g.Row.Registration; reg != nil && reg.Trust != trust {
+		return fault.New(fault.Expired, "the signing key this registration was issued under was removed by an emergency rotation; prepare again")
+	}
+	return nil
+}
+
+// trustOf is the trust generation r's registration was made under.
+func trustOf(r gate.Row) uint64 {
+	if r.Registration == nil {
+		return 0
+	}
+	return r.Registration.Trust
 }
 
 // IdentitiesDigest is SHA-256 over the five duty nkeys in the order supervisor, executor,

@@ -221,7 +221,7 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	// The run's keys are claimed for the instance in the mint's commit, by the pipeline: a key
 	// another instance holds is refused before anything is signed.
 	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(owner, env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
-		Registered: true, Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
+		Registered: true, Trust: trustOf(g.Row), Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err
 	}

@@ -256,6 +256,29 @@ func (i *Issuer) ConnectAs(kp nkeys.KeyPair, name string, g subjects.Permissions
 	), nil
 }
 
+// ConnectVia is Connect with the issuer picked anew at every (re)connect: a connection whose
+// signing key was rotated away comes back signed by the one that signs now.
+func ConnectVia(pick func() (*Issuer, error), name string, g subjects.Permissions, ttl time.Duration) (nats.Option, error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("user key for %s: %w", name, err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	return nats.UserJWT(
+		func() (string, error) {
+			i, err := pick()
+			if err != nil {
+				return "", err
+			}
+			return i.Sign(User{Name: name, Key: pub, Permissions: g, Expires: i.now().Add(ttl)})
+		},
+		func(nonce []byte) ([]byte, error) { return kp.Sign(nonce) },
+	), nil
+}
+
 // Derived returns kp with its public key and Ed25519 private key derived once, for a key that
 // signs often outside an Issuer (the auth callout's answers): nkeys derives both from the seed
 // again on every call.

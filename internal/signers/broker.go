@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/jwt/v2"
@@ -76,24 +77,51 @@ type decoded struct {
 	claims *jwt.AccountClaims
 }
 
-// shows reports whether every server holds w's change: an added key listed by every one, a
-// removed key by none.
+// shows reports whether every server holds w's change: an added instance's key of every
+// generation every server lists listed by every one, a removed one's of any generation by
+// none; the generations an opGens lists listed by every server, and every other by none. A
+// generation is listed when its own key is: the JWT is made from the row alone, so a JWT that
+// lists a generation's own key lists the key of each of its live instances too.
 func (v view) shows(keys *Keys, w *waiter) bool {
-	for _, iid := range w.iids {
-		pub, err := keys.Public(iid)
-		if err != nil {
-			return false
+	listed := func(g uint64, in map[string]bool) bool {
+		main, err := keys.Main(g)
+		return err == nil && in[main.Signer()]
+	}
+	if w.op == opGens {
+		for _, g := range keys.Gens() {
+			if slices.Contains(w.gens, g) != listed(g, v.all) || (!slices.Contains(w.gens, g) && listed(g, v.any)) {
+				return false
+			}
 		}
-		if (w.op == opAdd && !v.all[pub]) || (w.op == opRemove && v.any[pub]) {
+		return true
+	}
+	for _, iid := range w.iids {
+		some := false
+		for _, g := range keys.Gens() {
+			pub, err := keys.PublicOf(g, iid)
+			if err != nil {
+				return false
+			}
+			if w.op == opAdd && listed(g, v.all) {
+				some = true
+				if !v.all[pub] {
+					return false
+				}
+			}
+			if w.op == opRemove && v.any[pub] {
+				return false
+			}
+		}
+		if w.op == opAdd && !some {
 			return false
 		}
 	}
 	return true
 }
 
-// holds reports whether every server lists exactly pubs and own.
-func (v view) holds(pubs []string, own string) bool {
-	if len(v.any) != len(pubs)+1 || !v.all[own] {
+// holds reports whether every server lists exactly pubs.
+func (v view) holds(pubs []string) bool {
+	if len(v.any) != len(pubs) {
 		return false
 	}
 	for _, k := range pubs {
@@ -146,11 +174,11 @@ func (s *Set) KickStale(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read the data account's signing keys: %w", err)
 	}
-	pubs, err := s.pubs(cur.Row.Live)
+	pubs, err := s.pubs(ctx, cur.Row)
 	if err != nil {
 		return 0, err
 	}
-	live := map[string]bool{s.Own: true}
+	live := map[string]bool{}
 	for _, p := range pubs {
 		live[p] = true
 	}

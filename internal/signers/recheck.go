@@ -92,7 +92,7 @@ func (s *Set) Recheck(ctx context.Context) (repushed bool, err error) {
 	if s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
 		return false, nil
 	}
-	pubs, err := s.pubs(cur.Row.Live)
+	pubs, err := s.pubs(ctx, cur.Row)
 	if err != nil {
 		return false, err
 	}
@@ -101,7 +101,7 @@ func (s *Set) Recheck(ctx context.Context) (repushed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if held.oldest >= cur.Row.IssuedAt && held.holds(pubs, s.Own) {
+	if held.oldest >= cur.Row.IssuedAt && held.holds(pubs) {
 		return false, nil
 	}
 	return true, s.Repush(ctx, true)

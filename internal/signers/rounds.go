@@ -94,7 +94,7 @@ func (r *rounds) serve(ctx context.Context) {
 			return
 		}
 		r.last = max(r.last, held.newest)
-		if !r.release(ws, held, 0) {
+		if !r.release(ws, held, o.Row.IssuedAt) {
 			r.force = true
 		}
 		return
@@ -187,10 +187,10 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 		switch {
 		case !write && !force:
 			return row{}, fence.ErrKeep
-		case !force && sameKeys(cur.Row.Live, next.Live):
+		case !force && sameKeys(cur.Row.Live, next.Live) && slices.Equal(cur.Row.gens(), next.gens()):
 			return next, nil // a write that changes no key: nothing to sign
 		}
-		t, issued, err := s.sign(next.Live)
+		t, issued, err := s.sign(ctx, next)
 		if err != nil {
 			return row{}, err
 		}
@@ -222,7 +222,7 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 // says the row must be written: every remove writes it, even of a key not on it.
 func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*waiter) (row, bool, map[*waiter]verdict, error) {
 	now := s.Now().Unix()
-	next := row{V: 1, Account: s.Account, Live: maps.Clone(cur.Row.Live), IssuedAt: cur.Row.IssuedAt}
+	next := row{V: 1, Account: s.Account, Live: maps.Clone(cur.Row.Live), Gens: cur.Row.Gens, IssuedAt: cur.Row.IssuedAt}
 	if next.Live == nil {
 		next.Live = map[string]int64{}
 	}
@@ -239,6 +239,20 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 			}
 			delete(next.Live, iid)
 		}
+	}
+	for _, w := range fresh {
+		if w.op != opGens || slices.Equal(next.gens(), w.gens) {
+			continue
+		}
+		if w.fit && !room(len(w.gens), len(next.Live), s.Capacity) {
+			v[w] = verdict{refused: fault.New(fault.ResourceExhausted, "the data account's JWT cannot list %d generations of signing keys for the %d live manager instances (it holds %d keys, in one broker message); retire instances, or raise the broker's max_payload", len(w.gens), len(next.Live), s.Capacity+1)}
+			continue
+		}
+		next.Gens = slices.Clone(w.gens)
+		if slices.Equal(next.Gens, []uint64{0}) {
+			next.Gens = nil
+		}
+		write = true
 	}
 	var check []*waiter
 	for _, w := range fresh {
@@ -263,7 +277,7 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 		case ok: // another waiter of the round added it
 		case states[i] != "" && states[i] != gate.Open:
 			v[w] = verdict{refused: fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", iid, states[i])}
-		case len(next.Live) >= s.Capacity:
+		case !room(len(next.gens()), len(next.Live)+1, s.Capacity):
 			v[w] = verdict{refused: full(len(next.Live))}
 		default:
 			next.Live[iid] = now
@@ -312,29 +326,6 @@ func (s *Set) gateStates(ctx context.Context, iids []string) ([]string, error) {
 	}
 	wg.Wait()
 	return states, errors.Join(errs...)
-}
-
-// sign signs the JWT listing the keys of live.
-func (s *Set) sign(live map[string]int64) (string, int64, error) {
-	pubs, err := s.pubs(live)
-	if err != nil {
-		return "", 0, err
-	}
-	return s.Sign(pubs)
-}
-
-// pubs are the signing keys of live's instances, sorted.
-func (s *Set) pubs(live map[string]int64) ([]string, error) {
-	out := make([]string, 0, len(live))
-	for iid := range live {
-		pub, err := s.Keys.Public(iid)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pub)
-	}
-	slices.Sort(out)
-	return out, nil
 }
 
 // learn tells each waiter of fresh what the write made of it: refused, or written (and, for a

@@ -57,8 +57,9 @@ type Broker interface {
 	Kick(ctx context.Context, server string, cid uint64) error
 }
 
-// Signer signs the data account's JWT listing signers (the live instances' keys, besides the
-// account's own) with the operator signing key, and returns it with its issue time.
+// Signer signs the data account's JWT listing exactly signers (every generation's own key and
+// the live instances' keys derived from it; nil lists the material's own key alone) with the
+// operator signing key, and returns it with its issue time.
 type Signer func(signers []string) (token string, issuedAt int64, err error)
 
 // Set is the data account's live signing keys and the broker they are applied to. Fill every
@@ -77,8 +78,9 @@ type Set struct {
 	// Wall means time.Now.
 	Now  func() time.Time
 	Wall func() time.Time
-	// Capacity is the most instances the set holds: the account JWT that lists their keys must
-	// fit in one message of the broker (see Capacity).
+	// Capacity is the most instances the set holds with one generation listed: the account JWT
+	// that lists their keys must fit in one message of the broker (see Capacity). While two
+	// generations are listed (a scheduled rotation's overlap) each instance has two keys there.
 	Capacity int
 	// Settle is how long after its key was added an instance whose gate is still absent is
 	// taken never to register: its key goes at the next sweep. It must pass a request's deadline
@@ -86,6 +88,9 @@ type Set struct {
 	Settle time.Duration
 	// Keep, when set, keeps each JWT before it is pushed (the embedded broker's synced copy).
 	Keep func(token string) error
+	// State, when set, reads which generation of signing keys signs now and which keys the
+	// proofs (Rotation.State); nil is generation 0 for both.
+	State func(ctx context.Context) (State, error)
 
 	mu      sync.Mutex
 	waiting []*waiter
@@ -101,8 +106,8 @@ type Set struct {
 // Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
 // bytes (the broker's largest message, which a push and a read-back both are), leaving a KiB
 // for the envelope of a push or of a resolver's exchange. What a key costs is measured: a JWT
-// with 64 keys against one with none (`"<56-character key>",` is 59 bytes of JSON, some 79
-// once base64url-encoded).
+// with 64 keys against one with the account's own alone (`"<56-character key>",` is 59 bytes
+// of JSON, some 79 once base64url-encoded).
 func Capacity(sign Signer, maxPayload int64) (int, error) {
 	empty, _, err := sign(nil)
 	if err != nil {
@@ -127,15 +132,18 @@ func Capacity(sign Signer, maxPayload int64) (int, error) {
 	if room < per {
 		return 0, fmt.Errorf("an account JWT of %d bytes leaves no room for a signing key within the broker's %d-byte messages", len(empty), maxPayload)
 	}
-	return int(room * int64(len(keys)) / per), nil
+	return int(room * int64(len(keys)-1) / per), nil // the empty JWT lists one key: full lists 63 more
 }
 
 // row is the stored set: each live instance and the unix second its key was added (or last
-// confirmed by a registration still to commit).
+// confirmed by a registration still to commit), and the generations of signing keys listed
+// (none: generation 0 alone). The JWT lists, for every generation, its own key and the key of
+// every live instance derived from it.
 type row struct {
 	V        int              `json:"v"`
 	Account  string           `json:"account"`
 	Live     map[string]int64 `json:"live"`
+	Gens     []uint64         `json:"gens,omitempty"`
 	IssuedAt int64            `json:"issuedAt"`
 	Nonce    string           `json:"nonce"`
 }
@@ -151,7 +159,7 @@ func (s *Set) fence() *fence.Fence[row] {
 		if _, err := dec.Token(); err != io.EOF {
 			return row{}, errors.New("data after the set")
 		}
-		if r.V != 1 || r.Account != s.Account || r.Live == nil {
+		if r.V != 1 || r.Account != s.Account || r.Live == nil || (r.Gens != nil && (len(r.Gens) == 0 || !slices.IsSorted(r.Gens) || len(slices.Compact(slices.Clone(r.Gens))) != len(r.Gens))) {
 			return row{}, errors.New("not a version 1 signer set of this account")
 		}
 		return r, nil
@@ -183,6 +191,7 @@ const (
 	opAdd op = iota
 	opRemove
 	opPush // sign and push the set as it is
+	opGens // list exactly the generations gens
 )
 
 // waiter is one change waiting for the round that makes it. Its fields after deadline are the
@@ -197,7 +206,10 @@ type waiter struct {
 	resign bool
 	via    Broker
 	// only: a remove (the sweep's) only of keys still added at these times.
-	only     map[string]int64
+	only map[string]int64
+	// gens: what an opGens lists; fit: refuse it when the JWT would not hold them.
+	gens     []uint64
+	fit      bool
 	deadline time.Time
 
 	written   bool         // the row holds the change
@@ -208,14 +220,24 @@ type waiter struct {
 	closed    bool
 }
 
-// Issuer returns the issuer of instance iid's credentials once its key is on the set and
-// every server of the broker lists it, read back. registered says the mint saw the instance's
-// gate registered and open: then a key this replica saw live is taken to be live still (only
-// an end removes it, after freezing the gate, which the mint's commit fence catches). Refusals:
-// failed-precondition (the gate is frozen or retired), resource-exhausted (the set is at its
-// capacity), unavailable (the broker did not confirm it by the deadline; stores).
-func (s *Set) Issuer(ctx context.Context, iid string, registered bool) (*mint.Issuer, error) {
-	iss, err := s.Keys.Issuer(iid)
+// Issuer returns the issuer of instance iid's credentials, of the generation of signing keys
+// that signs now, once its key is on the set and every server of the broker lists it, read back.
+// trust is the generation whose root keyed the proofs when the instance's registration was made:
+// one an emergency rotation has replaced since is refused. registered says the mint saw the
+// instance's gate registered and open: then a key this replica saw live is taken to be live still
+// (only an end removes it, after freezing the gate, which the mint's commit fence catches).
+// Refusals: expired (the registration predates an emergency rotation), failed-precondition (the
+// gate is frozen or retired), resource-exhausted (the set is at its capacity), unavailable (the
+// broker did not confirm it by the deadline; stores).
+func (s *Set) Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*mint.Issuer, error) {
+	st, err := s.rotationState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Trust != trust {
+		return nil, fault.New(fault.Expired, "the signing key this registration was issued under was removed by an emergency rotation; prepare again")
+	}
+	iss, err := s.Keys.IssuerOf(st.Current, iid)
 	if err != nil {
 		return nil, fault.Wrap(fault.Internal, err, "deriving the signing key of instance %s", iid)
 	}
@@ -259,7 +281,7 @@ func (s *Set) Room(ctx context.Context, iid string, registered bool) error {
 	if err != nil {
 		return fault.Store(err, "reading the signing keys of the data account")
 	}
-	if _, ok := cur.Row.Live[iid]; !ok && len(cur.Row.Live) >= s.Capacity {
+	if _, ok := cur.Row.Live[iid]; !ok && !room(len(cur.Row.gens()), len(cur.Row.Live)+1, s.Capacity) {
 		return full(len(cur.Row.Live))
 	}
 	return nil
@@ -267,7 +289,7 @@ func (s *Set) Room(ctx context.Context, iid string, registered bool) error {
 
 // full is the refusal of a key past the set's capacity, n live.
 func full(n int) *fault.Error {
-	return fault.New(fault.ResourceExhausted, "the space holds %d live manager instances, as many as the data account's JWT can list the signing keys of (it must fit in one broker message); retire one, or raise the broker's max_payload", n)
+	return fault.New(fault.ResourceExhausted, "the space holds %d live manager instances, as many as the data account's JWT can list the signing keys of (it must fit in one broker message; while a scheduled rotation overlaps two generations, each instance has two keys there); retire one, or raise the broker's max_payload", n)
 }
 
 // cause is the last failure of a round, or ErrUnconfirmed; it holds s.mu.

@@ -130,7 +130,9 @@ func (w *world) set(gates fence.KV, b Broker) *Set {
 	return &Set{Gates: gates, Account: w.account, Own: w.own, Keys: w.keys, Broker: b, Capacity: 10_000, Now: time.Now, Settle: time.Hour,
 		Sign: func(signing []string) (string, int64, error) {
 			c := jwt.NewAccountClaims(w.account)
-			c.SigningKeys.Add(w.own)
+			if signing == nil {
+				signing = []string{w.own}
+			}
 			c.SigningKeys.Add(signing...)
 			token, err := c.Encode(w.op)
 			return token, c.IssuedAt, err
@@ -214,7 +216,7 @@ func TestChangesThatComeTogetherShareOneSigningAndPush(t *testing.T) {
 		ended := make([]string, 5)
 		for i := range ended {
 			ended[i] = iid()
-			if _, err := s.Issuer(ctx(t), ended[i], false); err != nil {
+			if _, err := s.Issuer(ctx(t), ended[i], 0, false); err != nil {
 				t.Fatalf("the first registration of %s: %v", ended[i], err)
 			}
 		}
@@ -224,7 +226,7 @@ func TestChangesThatComeTogetherShareOneSigningAndPush(t *testing.T) {
 		for i := range added {
 			added[i] = iid()
 			wg.Go(func() {
-				if _, err := s.Issuer(ctx(t), added[i], false); err != nil {
+				if _, err := s.Issuer(ctx(t), added[i], 0, false); err != nil {
 					t.Errorf("registration %d: %v", i, err)
 				}
 			})
@@ -254,7 +256,7 @@ func TestChangesThatComeTogetherShareOneSigningAndPush(t *testing.T) {
 				t.Errorf("the key of ended %s is still listed", id)
 			}
 		}
-		if _, err := s.Issuer(ctx(t), added[3], true); err != nil || len(b.pushed()) != n+1 {
+		if _, err := s.Issuer(ctx(t), added[3], 0, true); err != nil || len(b.pushed()) != n+1 {
 			t.Errorf("a renewal of a live instance: %v, %d pushes; want no push", err, len(b.pushed())-n-1)
 		}
 	})
@@ -270,7 +272,7 @@ func TestEverySigningIsLaterThanTheLastAndCarriesTheSetBeforeIt(t *testing.T) {
 		for i := range 6 {
 			id := iid()
 			live = append(live, id)
-			if _, err := s.Issuer(ctx(t), id, false); err != nil {
+			if _, err := s.Issuer(ctx(t), id, 0, false); err != nil {
 				t.Fatalf("registration %d: %v", i, err)
 			}
 			if i%2 == 1 {
@@ -342,7 +344,7 @@ func TestAnAddNeverBringsBackAKeyAnEndTookOff(t *testing.T) {
 				t.Errorf("the end: %+v, %v", out, err)
 			}
 		}
-		_, err := adder.Issuer(ctx(t), id, true)
+		_, err := adder.Issuer(ctx(t), id, 0, true)
 		var f *fault.Error
 		if !errors.As(err, &f) || f.Code != fault.FailedPrecondition {
 			t.Fatalf("the add after the end: %v, want failed-precondition", err)
@@ -350,7 +352,7 @@ func TestAnAddNeverBringsBackAKeyAnEndTookOff(t *testing.T) {
 		if b.lists(t, adder, id) {
 			t.Fatalf("the broker lists the key of ended instance %s", id)
 		}
-		if _, err := adder.Issuer(ctx(t), id, true); !errors.As(err, &f) || f.Code != fault.FailedPrecondition {
+		if _, err := adder.Issuer(ctx(t), id, 0, true); !errors.As(err, &f) || f.Code != fault.FailedPrecondition {
 			t.Fatalf("a later add: %v, want failed-precondition", err)
 		}
 		if b.lists(t, adder, id) {
@@ -369,13 +371,13 @@ func TestAnInstancePastTheCapacityIsRefusedAndAnEndStillTakesItsKeyOff(t *testin
 		var live []string
 		for range 3 {
 			live = append(live, iid())
-			if _, err := s.Issuer(ctx(t), live[len(live)-1], false); err != nil {
+			if _, err := s.Issuer(ctx(t), live[len(live)-1], 0, false); err != nil {
 				t.Fatal(err)
 			}
 		}
 		n := len(b.pushed())
 		extra := iid()
-		_, err := s.Issuer(ctx(t), extra, false)
+		_, err := s.Issuer(ctx(t), extra, 0, false)
 		var f *fault.Error
 		if !errors.As(err, &f) || f.Code != fault.ResourceExhausted {
 			t.Fatalf("a fourth instance: %v, want resource-exhausted", err)
@@ -386,7 +388,7 @@ func TestAnInstancePastTheCapacityIsRefusedAndAnEndStillTakesItsKeyOff(t *testin
 		if out, err := s.Remove(ctx(t), live[1]); err != nil || !out.Done || b.lists(t, s, live[1]) {
 			t.Fatalf("an end at the capacity: %+v, %v", out, err)
 		}
-		if _, err := s.Issuer(ctx(t), extra, false); err != nil || !b.lists(t, s, extra) {
+		if _, err := s.Issuer(ctx(t), extra, 0, false); err != nil || !b.lists(t, s, extra) {
 			t.Fatalf("the fourth instance once one ended: %v", err)
 		}
 	})
@@ -401,7 +403,7 @@ func TestTheSweepTakesOffTheKeysOfInstancesThatMintNothing(t *testing.T) {
 		s, b, gates := newSet(t)
 		never, frozen, open, young, renewed := iid(), iid(), iid(), iid(), iid()
 		for _, id := range []string{never, frozen, open, renewed} {
-			if _, err := s.Issuer(ctx(t), id, false); err != nil {
+			if _, err := s.Issuer(ctx(t), id, 0, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -409,10 +411,10 @@ func TestTheSweepTakesOffTheKeysOfInstancesThatMintNothing(t *testing.T) {
 		setGate(t, gates, open, gate.Open)
 		start := time.Now()
 		s.Now = func() time.Time { return time.Now().Add(time.Since(start) + s.Settle*3/4) }
-		if _, err := s.Issuer(ctx(t), renewed, false); err != nil { // a prepare again, still to commit
+		if _, err := s.Issuer(ctx(t), renewed, 0, false); err != nil { // a prepare again, still to commit
 			t.Fatal(err)
 		}
-		if _, err := s.Issuer(ctx(t), young, false); err != nil {
+		if _, err := s.Issuer(ctx(t), young, 0, false); err != nil {
 			t.Fatal(err)
 		}
 		s.Now = func() time.Time { return time.Now().Add(time.Since(start) + s.Settle + time.Minute) }
@@ -441,7 +443,7 @@ func TestARecheckSignsTheSetAgainWhenABrokerHoldsAnOlderJWT(t *testing.T) {
 		old := b.held
 		time.Sleep(time.Second)
 		id := iid()
-		if _, err := s.Issuer(ctx(t), id, false); err != nil {
+		if _, err := s.Issuer(ctx(t), id, 0, false); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Push(ctx(t), old); err != nil {
@@ -472,7 +474,7 @@ func TestAPushAgainSendsTheNewestJWTWithoutSigningWhenThisReplicaSignedIt(t *tes
 		b := &resolver{account: w.account}
 		gates := storetest.New()
 		s, other := w.set(gates, b), w.set(gates, b)
-		if _, err := s.Issuer(ctx(t), iid(), false); err != nil {
+		if _, err := s.Issuer(ctx(t), iid(), 0, false); err != nil {
 			t.Fatal(err)
 		}
 		n, at := len(b.pushed()), time.Now()
@@ -482,7 +484,7 @@ func TestAPushAgainSendsTheNewestJWTWithoutSigningWhenThisReplicaSignedIt(t *tes
 		if b.pushed()[n].IssuedAt != b.pushed()[n-1].IssuedAt {
 			t.Fatalf("the push again signed anew")
 		}
-		if _, err := other.Issuer(ctx(t), iid(), false); err != nil {
+		if _, err := other.Issuer(ctx(t), iid(), 0, false); err != nil {
 			t.Fatal(err)
 		}
 		n = len(b.pushed())
@@ -531,7 +533,7 @@ func TestCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 	for range n {
 		live[iid()] = 1
 	}
-	full, _, err := s.sign(live)
+	full, _, err := s.sign(ctx(t), row{Live: live})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +605,7 @@ func TestAKickOfStaleConnectionsClosesOnlyThoseOfKeysOffTheSet(t *testing.T) {
 		s, _, _ := newSet(t)
 		live, ended := iid(), iid()
 		for _, id := range []string{live, ended} {
-			if _, err := s.Issuer(ctx(t), id, false); err != nil {
+			if _, err := s.Issuer(ctx(t), id, 0, false); err != nil {
 				t.Fatal(err)
 			}
 		}

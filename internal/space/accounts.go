@@ -19,9 +19,10 @@ type DataPolicy struct {
 	// MaxConnections bounds the account's connections, the plane's own serving ones included;
 	// 0 leaves them unbounded.
 	MaxConnections int64
-	// Signers are the live manager instances' signing keys, listed plain (unscoped: a scoped
-	// key would override the permissions of the users it signs) besides the account's own. A
-	// key left off closes every connection whose credential it signed.
+	// Signers are every signing key the JWT lists, plain (unscoped: a scoped key would override
+	// the permissions of the users it signs): the account's own of each generation in use and
+	// the live manager instances' (package signers); nil lists the material's own alone. A key
+	// left off closes every connection whose credential it signed.
 	Signers []string
 }
 
@@ -51,7 +52,9 @@ func (m *Keys) DataAccountJWT(p DataPolicy) (string, int64, error) {
 func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
 	data := jwt.NewAccountClaims(m.Data.Public())
 	data.Name = m.Data.Name
-	data.SigningKeys.Add(mustPublic(m.Data.Signer))
+	if p.Signers == nil {
+		data.SigningKeys.Add(mustPublic(m.Data.Signer))
+	}
 	// No JetStream: minted users live here, and an ack goes wherever its publisher says.
 	data.Limits.JetStreamLimits = jwt.JetStreamLimits{}
 	if p.MaxConnections > 0 {

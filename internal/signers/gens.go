@@ -1,0 +1,124 @@
+package signers
+
+// The generations of signing keys the set lists: which sign, and how many fit.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/mint"
+)
+
+// gens are the generations r lists.
+func (r row) gens() []uint64 {
+	if len(r.Gens) == 0 {
+		return []uint64{0}
+	}
+	return r.Gens
+}
+
+// room reports whether an account JWT listing gens generations of live instances (and each
+// generation's own key) fits within capacity keys besides one.
+func room(gens, live, capacity int) bool { return gens*(live+1) <= capacity+1 }
+
+// Main returns the issuer of the current generation's own key: it signs the users of no
+// instance (the auth callout's). Refusals: unavailable (stores).
+func (s *Set) Main(ctx context.Context) (*mint.Issuer, error) {
+	st, err := s.rotationState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	iss, err := s.Keys.Main(st.Current)
+	if err != nil {
+		return nil, fault.Wrap(fault.Internal, err, "the data account's signing key")
+	}
+	return iss, nil
+}
+
+// rotationState is the rotation's state, read now, the current generation's root known.
+func (s *Set) rotationState(ctx context.Context) (State, error) {
+	if s.State == nil {
+		return State{}, nil
+	}
+	st, err := s.State(ctx)
+	if err == nil {
+		err = s.Keys.Load(ctx, st.Current)
+	}
+	if err != nil {
+		return State{}, fault.Store(err, "reading which signing keys sign")
+	}
+	return st, nil
+}
+
+// List lists exactly generations gens (sorted) on the data account and returns once every
+// server of the broker holds a JWT that does, read back, or ctx ends. With fit, a list the
+// JWT could not hold beside the live instances is refused (resource-exhausted) and nothing is
+// written. Without the operator signing key it is ErrNoSigner.
+func (s *Set) List(ctx context.Context, gens []uint64, fit bool) error {
+	if s.Sign == nil {
+		return ErrNoSigner
+	}
+	for _, g := range gens {
+		if err := s.Keys.Load(ctx, g); err != nil {
+			return err
+		}
+	}
+	w := &waiter{op: opGens, gens: gens, fit: fit}
+	s.await(ctx, w)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case w.refused != nil:
+		return w.refused
+	case w.confirmed:
+		return nil
+	case w.err != nil:
+		return w.err
+	}
+	return fmt.Errorf("list signing key generations %v: %w", gens, s.cause())
+}
+
+// liveCount counts the live instances, read now.
+func (s *Set) liveCount(ctx context.Context) (int, error) {
+	cur, err := s.fence().Observe(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return len(cur.Row.Live), nil
+}
+
+// sign signs the JWT listing the keys of r.
+func (s *Set) sign(ctx context.Context, r row) (string, int64, error) {
+	pubs, err := s.pubs(ctx, r)
+	if err != nil {
+		return "", 0, err
+	}
+	return s.Sign(pubs)
+}
+
+// pubs are every signing key r lists, sorted: for each generation, its own key and those of
+// the live instances.
+func (s *Set) pubs(ctx context.Context, r row) ([]string, error) {
+	out := make([]string, 0, len(r.gens())*(len(r.Live)+1))
+	for _, g := range r.gens() {
+		if err := s.Keys.Load(ctx, g); err != nil {
+			return nil, err
+		}
+		main, err := s.Keys.Main(g)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, main.Signer())
+		for iid := range r.Live {
+			pub, err := s.Keys.PublicOf(g, iid)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, pub)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
