@@ -87,9 +87,9 @@ type Plane struct {
 	unsynced atomic.Pointer[[]string]
 	// signers are the data account's live signing keys, applied through the system user;
 	// repush asks for the newest account JWT to be pushed again (a server (re)joined).
-	signers  *signers.Set
-	repush   chan struct{}
-	rotation *signers.Rotation
+	signers *signers.Set
+	repush  chan struct{}
+	rot     planeRotation
 	// dataAccount is the data account reached through the system user's connection; conns
 	// the account's connections held to their budgets through it, relisted when relist is
 	// signalled (its reconnection).

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,16 @@ const RotationTick = 10 * time.Second
 // no connection of the old keys.
 const rotationTimeout = 30 * time.Second
 
+// planeRotation is the plane's side of the rotation of the data account's signing keys: the
+// rotation, and the serving user's generation, renewed when another one signs.
+type planeRotation struct {
+	rotation *signers.Rotation
+	// renewServing replaces the serving user (serveBus); gen is the generation that signed the
+	// serving user last.
+	renewServing atomic.Pointer[func() error]
+	gen          atomic.Uint64
+}
+
 // newRotation builds the rotation of the data account's signing keys on the signer set: its
 // generations past 0 are read from the keys bucket, every mint reads which one signs, and the
 // engine which one keys the proofs. Without the operator signing key there is none.
@@ -31,7 +42,7 @@ func (p *Plane) newRotation() {
 		return
 	}
 	cfg := p.cfg
-	p.rotation = &signers.Rotation{Set: p.signers, Now: cfg.Now,
+	p.rot.rotation = &signers.Rotation{Set: p.signers, Now: cfg.Now,
 		// The longest life of a credential one generation signs: a standing duty's, the
 		// plane's own users', a bearer's callout user's.
 		Longest: max(cfg.StandingTTL, cfg.PlaneUserTTL, bearer.MaxTTL+bearer.Skew),
@@ -42,18 +53,18 @@ func (p *Plane) newRotation() {
 		Servers: p.dataAccount,
 	}
 	if cfg.Hooks != nil {
-		p.rotation.StopAfter = cfg.Hooks.RotationStopAfter
+		p.rot.rotation.StopAfter = cfg.Hooks.RotationStopAfter
 	}
-	p.signers.State = p.rotation.State
+	p.signers.State = p.rot.rotation.State
 }
 
 // trust is what keys the registration proofs: the rotation's trust root, or, without a
 // rotation, generation 0's.
 func (p *Plane) trust() manager.Trust {
-	if p.rotation == nil {
+	if p.rot.rotation == nil {
 		return nil
 	}
-	return p.rotation
+	return p.rot.rotation
 }
 
 // servingAuth authenticates the serving connection as a fresh data-account user, signed at
@@ -61,13 +72,21 @@ func (p *Plane) trust() manager.Trust {
 // closes the connection, and it comes back under the new keys.
 func (p *Plane) servingAuth(data *mint.Issuer) (nats.Option, error) {
 	name, perms := p.userName("serving"), subjects.ServingPermissions(p.cfg.Space)
-	if p.rotation == nil {
+	if p.rot.rotation == nil {
 		return data.Connect(name, perms, p.cfg.PlaneUserTTL)
 	}
 	return mint.ConnectVia(func() (*mint.Issuer, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.RequestTimeout)
 		defer cancel()
-		return p.signers.Main(ctx)
+		st, err := p.rot.rotation.State(ctx)
+		if err != nil {
+			return nil, err
+		}
+		iss, err := p.signers.Main(ctx)
+		if err == nil {
+			p.rot.gen.Store(st.Current)
+		}
+		return iss, err
 	}, name, perms, p.cfg.PlaneUserTTL)
 }
 
@@ -75,7 +94,7 @@ func (p *Plane) servingAuth(data *mint.Issuer) (nats.Option, error) {
 // when --rotate-signing-every says it is due, until the plane closes. A rotation that two
 // replicas resume at once is made once: each step is a CAS on the rotation's row.
 func (p *Plane) rotateOnTick() {
-	if p.rotation == nil {
+	if p.rot.rotation == nil {
 		return
 	}
 	every := RotationTick
@@ -86,9 +105,10 @@ func (p *Plane) rotateOnTick() {
 		onEveryTick(ctx, every, true, func() {
 			rctx, cancel := context.WithTimeout(ctx, rotationTimeout)
 			defer cancel()
-			rep, err := p.rotation.Resume(rctx)
+			rep, err := p.rot.rotation.Resume(rctx)
+			p.renewServingIfRotated(rctx)
 			if err == nil && rep.OpID == "" && p.cfg.RotateSigningEvery > 0 {
-				if rep, err = p.rotation.Due(rctx, p.cfg.RotateSigningEvery); rep != nil && err == nil {
+				if rep, err = p.rot.rotation.Due(rctx, p.cfg.RotateSigningEvery); rep != nil && err == nil {
 					p.log.Info("began a scheduled rotation of the signing keys", "op", rep.OpID, "generation", rep.To, "step", rep.Step)
 				}
 			}
@@ -101,4 +121,18 @@ func (p *Plane) rotateOnTick() {
 			}
 		})
 	})
+}
+
+// renewServingIfRotated replaces the serving user when a generation other than the one that
+// signed it signs now: after a scheduled rotation's switch, the old keys sign nothing of this
+// replica's long before they leave.
+func (p *Plane) renewServingIfRotated(ctx context.Context) {
+	st, err := p.rot.rotation.State(ctx)
+	renew := p.rot.renewServing.Load()
+	if err != nil || st.Current == p.rot.gen.Load() || renew == nil {
+		return
+	}
+	if err := (*renew)(); err != nil {
+		p.log.Warn("renewing the serving user under the signing keys that sign now failed; retried at the next tick", "err", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
@@ -188,7 +189,10 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 	// The closers run last pushed, first run: the services stop, then the connection drains.
 	p.onClose("drain the serving connection", func() error { return drain(p.serving.Load().nc, p.drainTimeout()) })
 	p.onClose("stop the micro services", p.stopServices)
-	p.renewEvery("serving user", func() error {
+	var renewing sync.Mutex
+	renew := func() error {
+		renewing.Lock()
+		defer renewing.Unlock()
 		if p.fenced.Load() {
 			return nil
 		}
@@ -205,7 +209,9 @@ func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
 			}
 		})
 		return nil
-	})
+	}
+	p.rot.renewServing.Store(&renew)
+	p.renewEvery("serving user", renew)
 	return nil
 }
 

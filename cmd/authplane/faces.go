@@ -95,11 +95,14 @@ func agent(args []string, stdout, stderr io.Writer) error {
 // keys lists, rotates or retires the space's bearer keys: `keys list|rotate [flags]`, `keys
 // retire KID [flags]`.
 func keys(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("keys", "list|rotate [flags]\n       authplane keys retire KID [flags]", stderr)
+	fs := newFlags("keys", "list|rotate [flags]\n       authplane keys retire KID [flags]\n       authplane keys signing|rotate-signing [--emergency|--resume] [flags]", stderr)
 	l := locateFlags(fs)
 	action, kid := "", ""
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		action, args = args[0], args[1:]
+	}
+	if action == "signing" || action == "rotate-signing" {
+		return signing(action, args, stdout, stderr)
 	}
 	// A kid is base64url and may begin with '-' (one key in 64): it is the kid unless it
 	// names one of the command's flags.

@@ -32,7 +32,7 @@ var commands = []command{
 	{"nkeys", "[flags]", "generate a manager's five duty nkeys and a prepare body", nkeysCmd},
 	{"owner", "[flags]", "print the u_ owner an IdP subject derives in this space", owner},
 	{"agent", "[flags]", "give a managed agent a (reusable) exchange secret, or revoke it", agent},
-	{"keys", "list|rotate|retire KID", "list, rotate or retire the bearer keys /jwks publishes", keys},
+	{"keys", "list|rotate|retire KID|signing|rotate-signing", "list, rotate or retire the bearer keys /jwks publishes; show or rotate the data account's signing keys", keys},
 	{"identity", "migrate [flags]", "move a file identity into the store (then --identity-store kv)", identityCmd},
 	{"version", "", "print the release, module version and VCS revision", versionCmd},
 	{"bench", "[flags]", "measure a plane against its echo and mint ceilings", benchCmd},
