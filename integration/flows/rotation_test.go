@@ -116,6 +116,15 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 	}
 	var renewals, failures atomic.Int64
 	var failed sync.Map
+	// jumping keeps the test clock's jumps out of the renewals: a renewal that reads the
+	// clock before a jump of hours and checks its expiry after it is refused (unavailable,
+	// "the clock passed a credential's expiry while it was minted") whatever the keys.
+	var jumping sync.RWMutex
+	advance := func(d time.Duration) {
+		jumping.Lock()
+		defer jumping.Unlock()
+		clock.Advance(d)
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i, r := range rs {
@@ -130,15 +139,21 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 				// credential, as a manager that reconnects with what it was given does.
 				seed, _ := r.m.Keys[subjects.DutySupervisor].Seed()
 				actor := subjects.SupervisorActor(r.m.Iid)
-				nc, err := nats.Connect(url, nats.UserJWTAndSeed(r.latest.Credentials["supervisor"].JWT, string(seed)),
+				jumping.RLock()
+				mu.Lock()
+				latest := r.latest.Credentials["supervisor"].JWT
+				mu.Unlock()
+				nc, err := nats.Connect(url, nats.UserJWTAndSeed(latest, string(seed)),
 					nats.CustomInboxPrefix(subjects.InboxPrefix(harness.OwnerA, actor)), nats.MaxReconnects(0))
 				if err != nil {
 					failures.Add(1)
 					failed.Store(fmt.Sprintf("manager %d connect", i), err.Error())
+					jumping.RUnlock()
 					continue
 				}
 				out := harness.AskAsync(nc, harness.OwnerA, actor, subjects.EndpointManagerAuthority, harness.Renewal(r.m.Body(t, "renew", actor), r.proof, p.Account(), r.epoch))
 				nc.Close()
+				jumping.RUnlock()
 				if out.Code != "" {
 					failures.Add(1)
 					failed.Store(fmt.Sprintf("manager %d renew", i), out.Code+": "+out.Message)
@@ -146,7 +161,9 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 				}
 				renewals.Add(1)
 				keep("renewal", r.m, out.Material)
+				mu.Lock()
 				r.latest = out.Material
+				mu.Unlock()
 				time.Sleep(10 * time.Millisecond) // pace: a manager renews, it does not flood
 			}
 		})
@@ -169,7 +186,7 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 
 	// The schedule: 72 h after the first start, the plane begins a rotation on its own; it
 	// lists generation 1, switches, and waits.
-	clock.Advance(72*time.Hour + time.Minute)
+	advance(72*time.Hour + time.Minute)
 	var status *signers.Report
 	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		st, rep, err := admin.SigningStatus(harness.GrantCtx(t), p.Keys(), url)
@@ -203,8 +220,14 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 		}
 		return nil
 	})
-	for _, r := range rs {
-		sup := r.latest.Credentials["supervisor"].JWT
+	mu.Lock()
+	latest := make([]string, len(rs))
+	for i, r := range rs {
+		latest[i] = r.latest.Credentials["supervisor"].JWT
+	}
+	mu.Unlock()
+	for i, r := range rs {
+		sup := latest[i]
 		want, err := keys.PublicOf(1, r.m.Iid)
 		if err != nil {
 			t.Fatal(err)
@@ -239,13 +262,13 @@ func TestAScheduledRotationUnderARenewalLoadRefusesNothingAndKeepsTheOldKeyUntil
 	}
 	// A minute before the old key may leave, on the test clock: still listed, and the
 	// person's credential, the last to expire, still connects.
-	clock.Advance(status.RemoveAfter.Sub(clock.Now()) - time.Minute)
+	advance(status.RemoveAfter.Sub(clock.Now()) - time.Minute)
 	time.Sleep(300 * time.Millisecond) // six ticks: none may remove it yet
 	wantListed("a minute before the last old credential's expiry", true)
 	personCred.connects(t, url)
 
 	// Past it, the tick removes it: the test clock is then past every old credential's expiry.
-	clock.Advance(2 * time.Minute)
+	advance(2 * time.Minute)
 	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		_, rep, err := admin.SigningStatus(harness.GrantCtx(t), p.Keys(), url)
 		if err != nil {
