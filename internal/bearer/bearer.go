@@ -281,11 +281,13 @@ func (k *Keys) Retire(ctx context.Context, kid string) error {
 	return nil
 }
 
-// Replace is the bearer side of an emergency rotation: a key added at since or later signs (a
-// fresh one is added unless the one that signs is such a key), and every other key is retired
-// at once, without the retire floor: every bearer they signed is refused from the moment it is
-// stored. Made twice with the same since, it changes nothing the second time. It returns the
-// kid of the key that signs.
+// Replace is the bearer side of an emergency rotation: a key added after since signs (a fresh
+// one is added unless the one that signs is such a key), and every other key is retired at
+// once, without the retire floor: every bearer they signed is refused from the moment it is
+// stored. Times are whole seconds, so a key added in since's second is replaced: a plane that
+// started in the second the rotation began made its key then, and it must go. Made twice with
+// the same since, it changes nothing the second time unless the first was in since's second.
+// It returns the kid of the key that signs.
 func (k *Keys) Replace(ctx context.Context, since time.Time) (string, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -302,7 +304,7 @@ func (k *Keys) Replace(ctx context.Context, since time.Time) (string, error) {
 		next := cur.Row
 		i := slices.IndexFunc(next.Keys, func(e stored) bool { return e.KID == next.Active })
 		active := next.Keys[i]
-		if active.AddedAt < since.Unix() {
+		if active.AddedAt <= since.Unix() {
 			active, next.Active = fresh, fresh.KID
 		}
 		if len(next.Keys) == 1 && next.Keys[0].KID == active.KID {
