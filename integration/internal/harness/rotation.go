@@ -278,3 +278,45 @@ func SignedBy(t testing.TB, token string) string {
 	}
 	return c.Issuer
 }
+
+// RotateWith runs `authplane keys rotate-signing` against p as o says.
+func RotateWith(t testing.TB, p *TestPlane, o admin.RotateOptions) (*signers.Report, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return admin.RotateSigning(ctx, p.Keys(), p.NATSURL(), o)
+}
+
+// RotationSeqs is StoreSeqs with the keys bucket, where a rotation stores its generations and
+// an emergency one replaces the bearer keys.
+func RotationSeqs(t testing.TB, p *TestPlane) Seqs {
+	t.Helper()
+	s := StoreSeqs(t, p)
+	s[subjects.KeysBucket(TestSpace)] = LastSeq(t, p, subjects.KeysBucket(TestSpace))
+	return s
+}
+
+// WantRotationUnwritten fails the test if a store of before, or the data account JWT the
+// broker holds (issued at jwtIssued), moved since.
+func WantRotationUnwritten(t testing.TB, p *TestPlane, what string, before Seqs, jwtIssued int64) {
+	t.Helper()
+	now := RotationSeqs(t, p)
+	for name, seq := range before {
+		if now[name] != seq {
+			t.Errorf("%s: %s moved from sequence %d to %d; a refused rotation writes nothing", what, name, seq, now[name])
+		}
+	}
+	if claims, _ := DataAccountAtBroker(t, p); claims.IssuedAt != jwtIssued {
+		t.Errorf("%s: the broker holds a data account JWT issued at %d, want the one issued at %d", what, claims.IssuedAt, jwtIssued)
+	}
+}
+
+// SigningStatus is `authplane keys signing` against p.
+func SigningStatus(t testing.TB, p *TestPlane) (signers.State, *signers.Report) {
+	t.Helper()
+	st, rep, err := admin.SigningStatus(GrantCtx(t), p.Keys(), p.NATSURL())
+	if err != nil {
+		t.Fatalf("authplane keys signing: %v", err)
+	}
+	return st, rep
+}
