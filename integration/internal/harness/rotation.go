@@ -14,6 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/testkit"
@@ -320,3 +321,6 @@ func SigningStatus(t testing.TB, p *TestPlane) (signers.State, *signers.Report) 
 	}
 	return st, rep
 }
+
+// IsConflict reports whether err is a conflict refusal (a rotation under way).
+func IsConflict(err error) bool { return fault.CodeOf(err) == fault.Conflict }
