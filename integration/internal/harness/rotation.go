@@ -131,11 +131,12 @@ func ConnectRefused(t testing.TB, what, url string, opts ...nats.Option) {
 // servers' connection listings; every old credential and bearer is refused at connect; a
 // renewal with the old registration answers `expired` and writes nothing; and under the new
 // keys a fresh caller credential, a prepare, an activate, a renewal, their connections and a
-// new bearer all work.
+// new bearer all work. The live connections never reconnect: on a cluster a client whose server
+// closed it would go on trying the others (refused each time), never closed.
 func Emergency(t *testing.T, p *TestPlane, urls []string) {
 	Grant(t, p, OwnerA, "cli", "supervise")
 	cliCreds := WriteCallerCreds(t, p.Keys(), OwnerA, "cli")
-	cli := ConnectCreds(t, urls[0], cliCreds, OwnerA, "cli")
+	cli := ConnectCreds(t, urls[0], cliCreds, OwnerA, "cli", nats.NoReconnect())
 	m := NewManagerKeys(t)
 	prep, act := Registered(t, cli, OwnerA, "cli", m)
 	bearerTok := AgentBearer(t, p, OwnerB, "agent")
@@ -145,7 +146,7 @@ func Emergency(t *testing.T, p *TestPlane, urls []string) {
 		sup := DutyConnAt(t, url, m, OwnerA, subjects.DutySupervisor, prep.Credentials["supervisor"].JWT)
 		serve := DutyConnAt(t, url, m, OwnerA, subjects.DutyServe, act.Credentials["serve"].JWT)
 		b.Server = url
-		agent, err := BearerConnect(t, b, bearerTok, OwnerB, "agent")
+		agent, err := BearerConnect(t, b, bearerTok, OwnerB, "agent", nats.NoReconnect())
 		if err != nil {
 			t.Fatalf("agent through the callout at server %d: %v", i, err)
 		}
@@ -233,7 +234,7 @@ func DutyConnAt(t testing.TB, url string, m *ManagerKeys, owner string, d subjec
 	}
 	actor := subjects.DutyActor(d, m.Iid, "")
 	nc, err := nats.Connect(url, nats.UserJWTAndSeed(token, string(seed)), nats.CustomInboxPrefix(subjects.InboxPrefix(owner, actor)),
-		nats.MaxReconnects(0), nats.Name(string(d)))
+		nats.NoReconnect(), nats.Name(string(d)))
 	if err != nil {
 		t.Fatalf("connect as %s at %s: %v", d, url, err)
 	}
