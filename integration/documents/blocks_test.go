@@ -602,18 +602,19 @@ func (r *blockRun) summaries(want int) [][2]string {
 // blockChecks check, after the last sh block of each section, that what the section's text
 // promises happened.
 var blockChecks = map[string]func(r *blockRun){
-	"README.md#Try it":                        checkTryIt,
-	"docs/OPERATIONS.md#":                     checkInstalled,
-	"docs/OPERATIONS.md#Bootstrap a cluster":  checkClusterServes,
-	"docs/OPERATIONS.md#Grant scopes":         func(r *blockRun) { checkScopes(r, r.plane("plane1")) },
-	"docs/OPERATIONS.md#Revoke a run":         checkRunRevoked,
-	"docs/OPERATIONS.md#Read the audit trail": checkTrailRead,
-	"docs/OPERATIONS.md#Read the metrics":     checkMetricsRead,
-	"docs/OPERATIONS.md#Rotate bearer keys":   checkKeysRotated,
-	"docs/OPERATIONS.md#Back up and restore":  checkRestored,
-	"docs/OPERATIONS.md#Move a plane":         checkPlanesMoved,
-	"docs/OPERATIONS.md#Stop the space":       checkSpaceStopped,
-	"docs/PROTOCOL.md#Walk through it":        checkWalkThrough,
+	"README.md#Try it":                           checkTryIt,
+	"docs/OPERATIONS.md#":                        checkInstalled,
+	"docs/OPERATIONS.md#Bootstrap a cluster":     checkClusterServes,
+	"docs/OPERATIONS.md#Grant scopes":            func(r *blockRun) { checkScopes(r, r.plane("plane1")) },
+	"docs/OPERATIONS.md#Revoke a run":            checkRunRevoked,
+	"docs/OPERATIONS.md#Read the audit trail":    checkTrailRead,
+	"docs/OPERATIONS.md#Read the metrics":        checkMetricsRead,
+	"docs/OPERATIONS.md#Rotate bearer keys":      checkKeysRotated,
+	"docs/OPERATIONS.md#Rotate the signing keys": checkSigningRotated,
+	"docs/OPERATIONS.md#Back up and restore":     checkRestored,
+	"docs/OPERATIONS.md#Move a plane":            checkPlanesMoved,
+	"docs/OPERATIONS.md#Stop the space":          checkSpaceStopped,
+	"docs/PROTOCOL.md#Walk through it":           checkWalkThrough,
 }
 
 // checkTryIt: the refusal without scope, then a prepare with the supervisor and executor and a
@@ -787,6 +788,40 @@ func checkKeysRotated(r *blockRun) {
 	for _, k := range set.Keys {
 		if !strings.Contains(last, k.KID) {
 			t.Errorf("/jwks publishes %s, which keys list does not show", k.KID)
+		}
+	}
+}
+
+// checkSigningRotated: the scheduled rotation switched to generation 1 confirmed by the three
+// servers and keeps generation 0 listed; the emergency one superseded it, was confirmed by all
+// three, replaced the bearer key and left no connection of the old keys; and the broker's JWT
+// lists generation 2's key and neither older one.
+func checkSigningRotated(r *blockRun) {
+	t := r.t
+	sec := r.section()
+	if len(sec) != 2 {
+		t.Fatalf("want two blocks, got %d", len(sec))
+	}
+	scheduled, emergency := sec[0].stdout(), sec[1].stdout()
+	for _, want := range []string{"generation 0 signs; generation 0 keys the registration proofs", "scheduled rotation ",
+		"generation 0 to 1: generation 1 signs; generation 0 stays listed until", "confirmed by servers: n1, n2, n3"} {
+		if !strings.Contains(scheduled, want) {
+			t.Errorf("the scheduled rotation printed %q, want it to say %q", scheduled, want)
+		}
+	}
+	for _, want := range []string{"emergency rotation ", "generation 1 to 2: done", "confirmed by servers: n1, n2, n3",
+		"every other bearer key is retired", "connections of the old keys still listed: 0",
+		"generation 2 signs; generation 2 keys the registration proofs"} {
+		if !strings.Contains(emergency, want) {
+			t.Errorf("the emergency rotation printed %q, want it to say %q", emergency, want)
+		}
+	}
+	p := r.plane("plane1")
+	keys := harness.Generations(t, p)
+	claims, _ := harness.DataAccountAtBroker(t, p)
+	for gen, want := range map[uint64]bool{0: false, 1: false, 2: true} {
+		if _, listed := claims.SigningKeys[harness.MainKey(t, keys, gen)]; listed != want {
+			t.Errorf("after the emergency rotation: generation %d's key listed %v, want %v", gen, listed, want)
 		}
 	}
 }
