@@ -50,7 +50,7 @@ func serve(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.OwnerInFlight, "owner-in-flight", cfg.OwnerInFlight, "requests of one endpoint one owner may have under way at once, per replica (0 to 1000000; 0 = no limit)")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "deadline of every request, retries included (100ms to 1m)")
 	fs.DurationVar(&cfg.PlaneUserTTL, "plane-user-ttl", cfg.PlaneUserTTL, "lifetime of the plane's own NATS users, renewed at 2/3 (10s to 24h, and more than 3 × --request-timeout)")
-	fs.DurationVar(&cfg.RotateSigningEvery, "rotate-signing-every", cfg.RotateSigningEvery, "begin a scheduled rotation of the data account's signing keys once they have signed this long (0: never; 1h to 8760h)")
+	fs.DurationVar(&cfg.RotateSigningEvery, "rotate-signing-every", cfg.RotateSigningEvery, "begin a scheduled rotation of the data account's signing keys once they have signed this long (1h to 8760h; 0, the default: never)")
 	fs.DurationVar(&cfg.StandingTTL, "standing-ttl", cfg.StandingTTL, "lifetime of standing credentials (5s to 24h)")
 	fs.DurationVar(&cfg.MaxAssignmentTTL, "max-assignment-ttl", cfg.MaxAssignmentTTL, "longest platform supervisor assignment (1m to 8760h)")
 	fs.Int64Var(&cfg.MaxSubscriptions, "max-subscriptions", cfg.MaxSubscriptions, "subscriptions each minted user may hold (1 to 1000000)")
