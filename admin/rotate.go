@@ -91,7 +91,7 @@ func OpenSigning(ctx context.Context, m *space.Keys, natsURL string) (_ *Signing
 	if err != nil {
 		return nil, err
 	}
-	set := &signers.Set{Gates: auth, Account: m.Data.Public(), Own: mustPublic(m), Keys: keys.Stored(keysKV), Broker: acct, Now: time.Now,
+	set := &signers.Set{Gates: auth, Account: m.Data.Public(), Keys: keys.Stored(keysKV), Broker: acct, Now: time.Now,
 		Settle: 2 * RotationSlack}
 	if m.OperatorSigner != nil {
 		// The account's limits are the plane's flags: the command keeps what the broker holds.
@@ -110,15 +110,6 @@ func OpenSigning(ctx context.Context, m *space.Keys, natsURL string) (_ *Signing
 		Bearers: bearer.New(keysKV, time.Now), Servers: acct}
 	set.State = s.Rotation.State
 	return s, nil
-}
-
-// mustPublic is the data account's own signing key of the material.
-func mustPublic(m *space.Keys) string {
-	pub, err := m.Data.Signer.PublicKey()
-	if err != nil {
-		panic("admin: a data signing key without a public key: " + err.Error()) // checked at load
-	}
-	return pub
 }
 
 // connectionLimit is the connection limit of the data account JWT a server holds (0: none).

@@ -41,17 +41,13 @@ func (p *Plane) newSigners(system *nats.Conn) error {
 	if err != nil {
 		return err
 	}
-	own, err := p.keys.Data.Signer.PublicKey()
-	if err != nil {
-		return err
-	}
 	var b signers.Broker = p.dataAccount
 	if p.cfg.Hooks != nil && p.cfg.Hooks.SignersBroker != nil {
 		b = p.cfg.Hooks.SignersBroker(b)
 	}
 	// A key added for a first registration that never commits goes once the registration's
 	// deadline has passed twice over, whatever the replicas' clocks say.
-	p.signers = &signers.Set{Gates: p.stores.Auth, Account: p.keys.Data.Public(), Own: own, Keys: keys, Broker: b, Now: p.cfg.Now,
+	p.signers = &signers.Set{Gates: p.stores.Auth, Account: p.keys.Data.Public(), Keys: keys, Broker: b, Now: p.cfg.Now,
 		Settle: 2 * (p.cfg.RequestTimeout + clockSkew)}
 	if p.keys.OperatorSigner == nil {
 		return nil // every credential is signed with the data account's own key

@@ -129,11 +129,7 @@ func benchSigners(t Target, gates fence.KV, s *side) (*signers.Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	own, err := t.Keys.Data.Signer.PublicKey()
-	if err != nil {
-		return nil, err
-	}
-	return &signers.Set{Gates: gates, Account: t.Keys.Data.Public(), Own: own, Keys: keys, Broker: s.data, Now: time.Now,
+	return &signers.Set{Gates: gates, Account: t.Keys.Data.Public(), Keys: keys, Broker: s.data, Now: time.Now,
 		Capacity: t.InstanceCapacity, Settle: time.Hour,
 		Sign: func(signing []string) (string, int64, error) {
 			// What the plane signs: its limits, and the keys.

@@ -273,7 +273,7 @@ func (w *world) newPlane() (*plane, error) {
 	if err != nil {
 		return nil, err
 	}
-	set := &signers.Set{Gates: w.gates, Account: w.account, Own: w.own, Keys: keys, Sign: w.sign, Broker: w.broker, Now: time.Now,
+	set := &signers.Set{Gates: w.gates, Account: w.account, Keys: keys, Sign: w.sign, Broker: w.broker, Now: time.Now,
 		Capacity: w.cfg.capacity, Settle: 2 * (opTimeout + time.Minute)}
 	if set.Sign != nil {
 		engine.Pipeline.Signers = set

@@ -65,11 +65,9 @@ type Signer func(signers []string) (token string, issuedAt int64, err error)
 // Set is the data account's live signing keys and the broker they are applied to. Fill every
 // field but Wall and Keep; a nil Sign is a plane without the operator signing key.
 type Set struct {
-	// Gates is the fence bucket the row lives in; Account the data account's public key; Own
-	// the data account's own signing key, which every JWT lists.
+	// Gates is the fence bucket the row lives in; Account the data account's public key.
 	Gates   fence.KV
 	Account string
-	Own     string
 	Keys    *Keys
 	Sign    Signer
 	Broker  Broker

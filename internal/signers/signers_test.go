@@ -127,7 +127,7 @@ func newWorld(t testing.TB) *world {
 
 // set is a set of w on gates, pushing to b.
 func (w *world) set(gates fence.KV, b Broker) *Set {
-	return &Set{Gates: gates, Account: w.account, Own: w.own, Keys: w.keys, Broker: b, Capacity: 10_000, Now: time.Now, Settle: time.Hour,
+	return &Set{Gates: gates, Account: w.account, Keys: w.keys, Broker: b, Capacity: 10_000, Now: time.Now, Settle: time.Hour,
 		Sign: func(signing []string) (string, int64, error) {
 			c := jwt.NewAccountClaims(w.account)
 			if signing == nil {
@@ -617,7 +617,7 @@ func TestAKickOfStaleConnectionsClosesOnlyThoseOfKeysOffTheSet(t *testing.T) {
 		b := &kicks{resolver: s.Broker.(*resolver), conns: []broker.Connection{
 			{Server: "s", CID: 1, User: "U1", Signer: livePub},
 			{Server: "s", CID: 2, User: "U2", Signer: endedPub},
-			{Server: "s", CID: 3, User: "U3", Signer: s.Own},
+			{Server: "s", CID: 3, User: "U3", Signer: mainOf(t, s)},
 			{Server: "s", CID: 4, Callout: true},
 			{Server: "s", CID: 5, User: "U5", Signer: endedPub},
 		}}
@@ -642,4 +642,14 @@ func (k *kicks) ListConnections(context.Context, int) ([]broker.Connection, map[
 func (k *kicks) Kick(_ context.Context, _ string, cid uint64) error {
 	k.kicked = append(k.kicked, cid)
 	return nil
+}
+
+// mainOf is generation 0's own key of s: the data account's own signing key.
+func mainOf(t *testing.T, s *Set) string {
+	t.Helper()
+	iss, err := s.Keys.Main(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iss.Signer()
 }
