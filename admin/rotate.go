@@ -128,7 +128,7 @@ func connectionLimit(ctx context.Context, acct broker.Account) (int64, error) {
 }
 
 // RotateSigning begins a rotation of the data account's signing keys of kind o.Kind, or with
-// o.Resume completes the one under way, as far as it goes now (docs/OPERATIONS.md, "Rotating
+// o.Resume completes the one under way, as far as it goes now (docs/OPERATIONS.md, "Rotate
 // the signing keys"); the plane's tick resumes what it leaves.
 func RotateSigning(ctx context.Context, m *space.Keys, natsURL string, o RotateOptions) (*signers.Report, error) {
 	s, err := OpenSigning(ctx, m, natsURL)

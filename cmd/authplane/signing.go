@@ -13,7 +13,7 @@ import (
 )
 
 // signing shows or rotates the data account's signing keys: `keys signing [flags]`, `keys
-// rotate-signing [--emergency | --resume] [flags]` (docs/OPERATIONS.md, "Rotating the signing
+// rotate-signing [--emergency | --resume] [flags]` (docs/OPERATIONS.md, "Rotate the signing
 // keys").
 func signing(action string, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("keys "+action, "[flags]", stderr)

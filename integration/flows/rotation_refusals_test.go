@@ -43,7 +43,7 @@ func TestARotationWithoutTheOperatorSigningKeyIsRefusedWithTheReasonAndWritesNot
 	for _, kind := range []string{signers.Scheduled, signers.Emergency} {
 		rep, err := admin.RotateSigning(harness.GrantCtx(t), &keys, p.NATSURL(), admin.RotateOptions{Kind: kind})
 		wantRotationRefused(t, kind+" without the operator signing key", rep, err, fault.FailedPrecondition,
-			"cannot re-sign the data account's JWT", "nsc", "Rotating the signing keys")
+			"cannot re-sign the data account's JWT", "nsc", "Rotate the signing keys")
 		if !errors.Is(err, signers.ErrNoSigner) {
 			t.Errorf("%s: %v does not wrap ErrNoSigner", kind, err)
 		}

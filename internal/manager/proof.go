@@ -40,7 +40,7 @@ func ProofKey(signer nkeys.KeyPair) ([]byte, error) {
 }
 
 // Trust is which generation of the data account's signing keys keys the registration proofs:
-// the last emergency rotation's (docs/SECURITY.md, "Rotating the signing keys").
+// the last emergency rotation's (docs/OPERATIONS.md, "Rotate the signing keys").
 type Trust interface {
 	// Trust returns that generation and its root, read now.
 	Trust(ctx context.Context) (uint64, nkeys.KeyPair, error)

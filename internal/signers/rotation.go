@@ -106,7 +106,7 @@ type Servers interface {
 	ListConnections(ctx context.Context, n int) ([]broker.Connection, map[string]bool, error)
 }
 
-// Rotation replaces the data account's signing keys (docs/OPERATIONS.md, "Rotating the signing
+// Rotation replaces the data account's signing keys (docs/OPERATIONS.md, "Rotate the signing
 // keys"): one rotation at a time per space, a lifecycle in the row `rotation.<account>` whose
 // every step is stored and re-enterable. Fill Set, Now, Longest and Slack; Bearers and Servers
 // for an emergency.
@@ -224,7 +224,7 @@ func (r *Rotation) Begin(ctx context.Context, kind string) (*Report, error) {
 		return nil, fault.New(fault.BadRequest, "no rotation of kind %q: want %s or %s", kind, Scheduled, Emergency)
 	}
 	if r.Set.Sign == nil {
-		return nil, fault.Wrap(fault.FailedPrecondition, ErrNoSigner, "%s: the plane cannot re-sign the data account's JWT, so it cannot rotate its signing keys; rotate with nsc (docs/OPERATIONS.md, \"Rotating the signing keys\")", ErrNoSigner)
+		return nil, fault.Wrap(fault.FailedPrecondition, ErrNoSigner, "%s: the plane cannot re-sign the data account's JWT, so it cannot rotate its signing keys; rotate with nsc (docs/OPERATIONS.md, \"Rotate the signing keys\")", ErrNoSigner)
 	}
 	if kind == Scheduled {
 		live, err := r.Set.liveCount(ctx)
