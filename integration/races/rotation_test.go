@@ -144,10 +144,11 @@ func TestARotationCrashedAfterEachStepIsCompletedByARestart(t *testing.T) {
 	}
 }
 
-// TestTwoReplicasAskedToRotateAtOnceRotateOnce: two replicas whose schedule falls due at the
-// same tick (--rotate-signing-every, on one test clock) make one scheduled rotation: generation
-// 1, and no generation 2 stored. Then two commands ask for an emergency rotation at once: one
-// makes it, the other is refused conflict, and generation 2 is the last.
+// TestTwoReplicasAskedToRotateAtOnceRotateOnce: two commands ask for an emergency rotation at
+// once: one makes it (generation 1), the other is refused conflict. Then two replicas whose
+// schedule falls due at the same tick (--rotate-signing-every, on one test clock, counted from
+// the emergency rotation's switch) make one scheduled rotation: generation 2, and no generation
+// 3 stored. (The commands run on the wall clock: they go first, while the test clock is on it.)
 func TestTwoReplicasAskedToRotateAtOnceRotateOnce(t *testing.T) {
 	t.Parallel()
 	sa := harness.StartStandalone(t, harness.TestSpace)
@@ -163,23 +164,6 @@ func TestTwoReplicasAskedToRotateAtOnceRotateOnce(t *testing.T) {
 	}
 	p := ps[0]
 	keys := harness.Generations(t, p)
-	clock.Advance(72*time.Hour + time.Minute)
-	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		if st, rep := harness.SigningStatus(t, p); rep.Step != signers.StepSwitched || st.Current != 1 {
-			return fmt.Errorf("generation %d signs, step %s; want 1, switched", st.Current, rep.Step)
-		}
-		return nil
-	})
-	clock.Advance(48 * time.Hour) // past the old keys' last credential, and not due again
-	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		if st, rep := harness.SigningStatus(t, p); !rep.Done || st.Current != 1 {
-			return fmt.Errorf("generation %d signs, step %s; want 1, done", st.Current, rep.Step)
-		}
-		return nil
-	})
-	if err := keys.Load(harness.GrantCtx(t), 2); !errors.Is(err, signers.ErrNoGeneration) {
-		t.Fatalf("generation 2 after one scheduled rotation: got %v, want none stored", err)
-	}
 
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -201,10 +185,28 @@ func TestTwoReplicasAskedToRotateAtOnceRotateOnce(t *testing.T) {
 	if made != 1 || refused != 1 {
 		t.Fatalf("two emergency rotations at once: %d made, %d refused conflict; want one of each (%v)", made, refused, errs)
 	}
-	if st, rep := harness.SigningStatus(t, p); !rep.Done || st.Current != 2 {
-		t.Fatalf("after them: generation %d signs, rotation %+v; want 2, done", st.Current, rep)
+	if st, rep := harness.SigningStatus(t, p); !rep.Done || st.Current != 1 {
+		t.Fatalf("after them: generation %d signs, rotation %+v; want 1, done", st.Current, rep)
 	}
+	if err := keys.Load(harness.GrantCtx(t), 2); !errors.Is(err, signers.ErrNoGeneration) {
+		t.Fatalf("generation 2 after one emergency rotation: got %v, want none stored", err)
+	}
+
+	clock.Advance(72*time.Hour + time.Minute)
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if st, rep := harness.SigningStatus(t, p); rep.Step != signers.StepSwitched || st.Current != 2 {
+			return fmt.Errorf("generation %d signs, step %s; want 2, switched", st.Current, rep.Step)
+		}
+		return nil
+	})
+	clock.Advance(48 * time.Hour) // past the old keys' last credential, and not due again
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if st, rep := harness.SigningStatus(t, p); !rep.Done || st.Current != 2 {
+			return fmt.Errorf("generation %d signs, step %s; want 2, done", st.Current, rep.Step)
+		}
+		return nil
+	})
 	if err := keys.Load(harness.GrantCtx(t), 3); !errors.Is(err, signers.ErrNoGeneration) {
-		t.Fatalf("generation 3: got %v, want none stored", err)
+		t.Fatalf("generation 3 after one scheduled rotation: got %v, want none stored", err)
 	}
 }
