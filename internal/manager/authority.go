@@ -324,11 +324,8 @@ func (e *Engine) activate(ctx context.Context, caller Caller, req *Request, abou
 	if err := checkRegistration(g, &req.Envelope); err != nil {
 		return nil, err
 	}
-	trust, key, err := e.trust(ctx)
+	key, err := e.trustedKey(ctx, g)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkTrust(g, trust); err != nil {
 		return nil, err
 	}
 	if !proofEqual(*req.RegistrationProof, proof(key, labelRegistration, e.Space, caller.Owner, req.InstanceID, g.Row)) {

@@ -78,12 +78,17 @@ func (e *Engine) trust(ctx context.Context) (uint64, []byte, error) {
 	return gen, key, nil
 }
 
-// checkTrust refuses a registration made under a trust root an emergency rotation replaced.
-func checkTrust(g *gate.Gate, trust uint64) error {
-	if reg := g.Row.Registration; reg != nil && reg.Trust != trust {
-		return fault.New(fault.Expired, "the signing key this registration was issued under was removed by an emergency rotation; prepare again")
+// trustedKey returns the proof key that checks g's proofs: the one of the trust root now. A
+// registration made under a root an emergency rotation replaced is refused.
+func (e *Engine) trustedKey(ctx context.Context, g *gate.Gate) ([]byte, error) {
+	trust, key, err := e.trust(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if reg := g.Row.Registration; reg != nil && reg.Trust != trust {
+		return nil, fault.New(fault.Expired, "the signing key this registration was issued under was removed by an emergency rotation; prepare again")
+	}
+	return key, nil
 }
 
 // trustOf is the trust generation r's registration was made under.
