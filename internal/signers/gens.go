@@ -1,6 +1,7 @@
 package signers
 
-// The generations of signing keys the set lists: which sign, and how many fit.
+// The generations of signing keys the set lists: which sign, and how many fit; the room a
+// first prepare needs.
 
 import (
 	"context"
@@ -22,6 +23,32 @@ func (r row) gens() []uint64 {
 // room reports whether an account JWT listing gens generations of live instances (and each
 // generation's own key) fits within capacity keys besides one.
 func room(gens, live, capacity int) bool { return gens*(live+1) <= capacity+1 }
+
+// Room refuses, resource-exhausted as Issuer would, an instance whose key is not on the set
+// when the set is at its capacity, reading the stored set and writing nothing: a mint asks it
+// before it spends its tenant budgets, so a refusal for a full space costs none of them. A
+// key this replica saw live, of a registered instance, needs no read. Issuer decides again.
+func (s *Set) Room(ctx context.Context, iid string, registered bool) error {
+	s.mu.Lock()
+	known := registered && s.live[iid]
+	s.mu.Unlock()
+	if known {
+		return nil
+	}
+	cur, err := s.fence().Observe(ctx)
+	if err != nil {
+		return fault.Store(err, "reading the signing keys of the data account")
+	}
+	if _, ok := cur.Row.Live[iid]; !ok && !room(len(cur.Row.gens()), len(cur.Row.Live)+1, s.Capacity) {
+		return full(len(cur.Row.Live))
+	}
+	return nil
+}
+
+// full is the refusal of a key past the set's capacity, n live.
+func full(n int) *fault.Error {
+	return fault.New(fault.ResourceExhausted, "the space holds %d live manager instances, as many as the data account's JWT can list the signing keys of (it must fit in one broker message; while a scheduled rotation overlaps two generations, each instance has two keys there); retire one, or raise the broker's max_payload", n)
+}
 
 // Main returns the issuer of the current generation's own key: it signs the users of no
 // instance (the auth callout's). Refusals: unavailable (stores).

@@ -264,32 +264,6 @@ func (s *Set) Issuer(ctx context.Context, iid string, trust uint64, registered b
 	return nil, fault.Wrap(fault.Unavailable, s.cause(), "the broker did not confirm the signing key of instance %s before the deadline; retry shortly", iid)
 }
 
-// Room refuses, resource-exhausted as Issuer would, an instance whose key is not on the set
-// when the set is at its capacity, reading the stored set and writing nothing: a mint asks it
-// before it spends its tenant budgets, so a refusal for a full space costs none of them. A
-// key this replica saw live, of a registered instance, needs no read. Issuer decides again.
-func (s *Set) Room(ctx context.Context, iid string, registered bool) error {
-	s.mu.Lock()
-	known := registered && s.live[iid]
-	s.mu.Unlock()
-	if known {
-		return nil
-	}
-	cur, err := s.fence().Observe(ctx)
-	if err != nil {
-		return fault.Store(err, "reading the signing keys of the data account")
-	}
-	if _, ok := cur.Row.Live[iid]; !ok && !room(len(cur.Row.gens()), len(cur.Row.Live)+1, s.Capacity) {
-		return full(len(cur.Row.Live))
-	}
-	return nil
-}
-
-// full is the refusal of a key past the set's capacity, n live.
-func full(n int) *fault.Error {
-	return fault.New(fault.ResourceExhausted, "the space holds %d live manager instances, as many as the data account's JWT can list the signing keys of (it must fit in one broker message; while a scheduled rotation overlaps two generations, each instance has two keys there); retire one, or raise the broker's max_payload", n)
-}
-
 // cause is the last failure of a round, or ErrUnconfirmed; it holds s.mu.
 func (s *Set) cause() error {
 	if s.lastErr != nil {
