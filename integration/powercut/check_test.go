@@ -24,6 +24,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -80,20 +81,59 @@ func check(t *testing.T, tg target, a *acks) []loss {
 }
 
 // read reads the newest entry of every key of the buckets the checks need, and every minted
-// record, through ordered consumers of a plane-account user.
+// record, through ordered consumers of a plane-account user; a whole pass again while one
+// fails (a cluster back from a cut may not place a consumer yet).
 func (c *checker) read() {
 	c.t.Helper()
-	js := c.js
-	c.stored = map[string]jetstream.Msg{}
+	streams := map[string]string{subjects.MintedStream(harness.TestSpace): ""}
 	for _, b := range []string{subjects.AuthBucket(harness.TestSpace), subjects.AdmissionBucket(harness.TestSpace),
 		subjects.PlatformBucket(harness.TestSpace), subjects.ActorsBucket(harness.TestSpace)} {
-		prefix := "$KV." + b + "."
-		for _, m := range harness.ReadAll(c.t, js, "KV_"+b, prefix+">") {
-			c.stored[b+" "+strings.TrimPrefix(m.Subject(), prefix)] = m
-		}
+		streams["KV_"+b] = b
 	}
-	for _, m := range harness.ReadAll(c.t, js, subjects.MintedStream(harness.TestSpace), subjects.MintedStreamSubjects(harness.TestSpace)) {
-		c.stored[m.Subject()] = m
+	testkit.CheckFor(c.t, retryWithin, 100*time.Millisecond, func() error {
+		c.stored = map[string]jetstream.Msg{}
+		for stream, bucket := range streams {
+			msgs, err := readStream(c.js, stream)
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				if bucket == "" {
+					c.stored[m.Subject()] = m
+				} else {
+					c.stored[bucket+" "+strings.TrimPrefix(m.Subject(), "$KV."+bucket+".")] = m
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// readStream reads every message of stream with an ordered consumer.
+func readStream(js jetstream.JetStream, stream string) ([]jetstream.Msg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("ordered consumer on %s: %w", stream, err)
+	}
+	var out []jetstream.Msg
+	for {
+		batch, err := cons.FetchNoWait(500)
+		if err != nil {
+			return nil, fmt.Errorf("fetch from %s: %w", stream, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("fetch from %s: %w", stream, err)
+		}
+		if n == 0 {
+			return out, nil
+		}
 	}
 }
 
@@ -308,12 +348,13 @@ func (c *checker) finishEnds() {
 	pa := c.caller(harness.OwnerP, adminActor)
 	defer pa.Close()
 	for _, end := range underway {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		r, err := pa.End(ctx, client.End{Owner: end.Owner, InstanceID: end.Instance, LifecycleUID: end.Lifecycle, Reason: "the power-cut test ends it again"})
-		cancel()
-		if err == nil && !r.Done {
-			err = fmt.Errorf("answered not done: %+v", *r)
-		}
+		err := retried(func(ctx context.Context) error {
+			r, err := pa.End(ctx, client.End{Owner: end.Owner, InstanceID: end.Instance, LifecycleUID: end.Lifecycle, Reason: "the power-cut test ends it again"})
+			if err == nil && !r.Done {
+				err = fmt.Errorf("answered not done: %+v", *r)
+			}
+			return err
+		})
 		if err != nil {
 			c.lost(kindEnd, "the end of instance %s, under way at the cut, does not complete when asked again: %v", end.Instance, err)
 			continue
@@ -322,6 +363,26 @@ func (c *checker) finishEnds() {
 		delete(c.a.underway, end.Instance)
 		c.a.ends[end.Instance] = end
 		c.a.mu.Unlock()
+	}
+}
+
+// retryWithin is how long a check asks again while the plane answers unavailable (or not at
+// all): a cluster back from a cut elects its stream leaders while the plane already serves.
+const retryWithin = time.Minute
+
+// retried calls ask, each call with its own request timeout, again while it fails with
+// unavailable or no answer, for at most retryWithin: the caller's retry policy.
+func retried(ask func(ctx context.Context) error) error {
+	deadline := time.Now().Add(retryWithin)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		err := ask(ctx)
+		cancel()
+		code := client.CodeOf(err)
+		if err == nil || (code != "unavailable" && code != "" && code != "503") || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -419,9 +480,11 @@ func (c *checker) staleRefused() {
 	cli := c.caller(harness.OwnerA, cliActor)
 	defer cli.Close()
 	for _, e := range stale {
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		mat, err := cli.Renew(ctx, e.mgr.m, *e.old)
-		cancel()
+		var mat *client.Material
+		err := retried(func(ctx context.Context) (err error) {
+			mat, err = cli.Renew(ctx, e.mgr.m, *e.old)
+			return err
+		})
 		if err == nil {
 			c.a.material(e.mgr.m, e.mgr.keys, mat.Credentials)
 			c.lost(kindEpoch, "a renewal of instance %s at epoch %d, older than its acknowledged %d, was answered with credentials", e.Instance, e.old.Epoch, e.Epoch)
@@ -456,9 +519,10 @@ func (c *checker) revokedRunsRefused() {
 		driver, mediator := userKey(), userKey()
 		a := client.Attempt{RunID: r.RunID, TakeoverID: hex.EncodeToString(random(8)), Epoch: r.Epoch + 1, FencingToken: r.Token + 1,
 			DriverID: public(driver), MediatorID: public(mediator)}
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		_, err := cli.Attempt(ctx, r.mgr.m, r.mgr.cur, a)
-		cancel()
+		err := retried(func(ctx context.Context) error {
+			_, err := cli.Attempt(ctx, r.mgr.m, r.mgr.cur, a)
+			return err
+		})
 		if err == nil {
 			c.lost(kindRunRevoke, "an attempt on revoked run %s was answered with credentials", r.RunID)
 		} else if client.CodeOf(err) != "permission-denied" || !strings.Contains(err.Error(), "was revoked") {
@@ -498,9 +562,10 @@ func (c *checker) revokedAgentsRefused() {
 	for _, p := range slices.Sorted(maps.Keys(revoked)) {
 		ag := revoked[p]
 		owner, actor, _ := subjects.SplitPrincipal(p)
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		_, err := exchange(ctx, c.tg, owner, actor, ag.secret)
-		cancel()
+		err := retried(func(ctx context.Context) error {
+			_, err := exchange(ctx, c.tg, owner, actor, ag.secret)
+			return err
+		})
 		if err == nil || client.CodeOf(err) != "401" {
 			c.lost(kindAgent, "%s, revoked in cut %d: its secret's exchange got %v, want 401", p, ag.Trial, err)
 		}

@@ -35,7 +35,8 @@ import (
 
 // Requesters of each kind.
 const (
-	managerRequesters = 2
+	managerRequesters    = 2
+	supervisorRequesters = 2
 	// requestTimeout bounds one request: past the plane's own deadline (5 s), so a request the
 	// plane gave up on is answered.
 	requestTimeout = 10 * time.Second
@@ -97,8 +98,10 @@ func startLoad(t *testing.T, tg target, a *acks, lf *life, seed uint64) *load {
 		rng := mrand.New(mrand.NewPCG(seed, uint64(i)))
 		l.run(func() bool { return l.managerStep(rng, cli, starter, &lf.managers[i]) })
 	}
-	pa := l.caller(t, harness.OwnerP, adminActor)
-	l.run(func() bool { return l.supervisorStep(pa) })
+	for range supervisorRequesters {
+		pa := l.caller(t, harness.OwnerP, adminActor)
+		l.run(func() bool { return l.supervisorStep(pa) })
+	}
 	grng := mrand.New(mrand.NewPCG(seed, 100))
 	l.run(func() bool { return l.grantStep(grng) })
 	arng := mrand.New(mrand.NewPCG(seed, 101))

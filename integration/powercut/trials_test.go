@@ -113,8 +113,12 @@ func runTrials(t *testing.T, s settings, start func(t *testing.T) system) []tria
 				}
 			}
 			trials = append(trials, tr)
-			t.Logf("cut %d (life %d, after %s of load): acknowledged %s; load refusals %s; serving again %s after the cut; %d connects of ended credentials tried meanwhile; lost %d%s",
-				n, lifeN, tr.loaded.Round(time.Millisecond), tr.acked, tr.refused, tr.restart.Round(time.Millisecond), tr.probes, len(tr.losses), firstLosses(tr.losses, 3))
+			served := "did not serve again"
+			if tr.restart >= 0 {
+				served = fmt.Sprintf("served again %s after the cut", tr.restart.Round(time.Millisecond))
+			}
+			t.Logf("cut %d (life %d, after %s of load): acknowledged %s; load refusals %s; %s; %d connects of ended credentials tried meanwhile; lost %d%s",
+				n, lifeN, tr.loaded.Round(time.Millisecond), tr.acked, tr.refused, served, tr.probes, len(tr.losses), firstLosses(tr.losses, 3))
 			if tr.restart < 0 {
 				break // it did not serve again: the next life starts on fresh disks
 			}
