@@ -140,12 +140,11 @@ func newAcks(t *testing.T) *acks {
 		scopes: map[string]*scopeAck{}, agents: map[string]*agentAck{}, counts: map[string]int{}, refusals: map[string]int{}}
 }
 
-// beginTrial starts counting the next trial's acknowledgements.
-func (a *acks) beginTrial() {
+// beginTrial starts counting the acknowledgements of trial n (the cut that ends it is cut n).
+func (a *acks) beginTrial(n int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.trial++
-	a.cutting, a.counts, a.refusals = false, map[string]int{}, map[string]int{}
+	a.trial, a.cutting, a.counts, a.refusals = n, false, map[string]int{}, map[string]int{}
 }
 
 // beginCut stops counting: an answer read from now on is not an acknowledgement.

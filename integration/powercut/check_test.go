@@ -109,30 +109,46 @@ func (c *checker) read() {
 	})
 }
 
-// readStream reads every message of stream with an ordered consumer.
+// readStream reads every message of stream with an ordered consumer, until the consumer says
+// none is pending: a fetch that comes back empty is not the end (on a cluster the stream's
+// leader may be another server, and slow to deliver).
 func readStream(js jetstream.JetStream, stream string) ([]jetstream.Msg, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	if st.CachedInfo().State.Msgs == 0 {
+		return nil, nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		return nil, fmt.Errorf("ordered consumer on %s: %w", stream, err)
 	}
 	var out []jetstream.Msg
 	for {
-		batch, err := cons.FetchNoWait(500)
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("fetch from %s: %w", stream, err)
 		}
-		n := 0
+		pending := uint64(1)
 		for m := range batch.Messages() {
 			out = append(out, m)
-			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("fetch from %s: %w", stream, err)
+			}
+			pending = md.NumPending
 		}
 		if err := batch.Error(); err != nil {
 			return nil, fmt.Errorf("fetch from %s: %w", stream, err)
 		}
-		if n == 0 {
+		if pending == 0 {
 			return out, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read %s: %d messages, more pending: %w", stream, len(out), ctx.Err())
 		}
 	}
 }
@@ -390,7 +406,7 @@ func retried(ask func(ctx context.Context) error) error {
 func (c *checker) caller(owner, actor string) *client.Client {
 	c.t.Helper()
 	cl, err := client.Connect(c.tg.url, harness.TestSpace, owner, actor,
-		nats.UserCredentials(harness.WriteCallerCreds(c.t, c.tg.keys, owner, actor)), nats.MaxReconnects(0))
+		nats.UserCredentials(callerCreds(c.t, c.tg.keys, owner, actor)), nats.MaxReconnects(0))
 	if err != nil {
 		c.t.Fatalf("connect as %s after the restart: %v", subjects.Principal(owner, actor), err)
 	}

@@ -109,16 +109,33 @@ func startLoad(t *testing.T, tg target, a *acks, lf *life, seed uint64) *load {
 	return l
 }
 
-// caller connects as owner.actor with a caller credential (`authplane creds`).
+// caller connects as owner.actor with a caller credential (`authplane creds`); it reconnects
+// to another server of a cluster while one is cut, until the load stops.
 func (l *load) caller(t *testing.T, owner, actor string) *client.Client {
 	t.Helper()
-	c, err := client.Connect(l.tg.url, harness.TestSpace, owner, actor,
-		nats.UserCredentials(harness.WriteCallerCreds(t, l.tg.keys, owner, actor)), nats.MaxReconnects(0))
+	c, err := client.Connect(l.tg.url, harness.TestSpace, owner, actor, nats.UserCredentials(callerCreds(t, l.tg.keys, owner, actor)),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect as %s: %v", subjects.Principal(owner, actor), err)
 	}
 	l.closers = append(l.closers, c.Close)
 	return c
+}
+
+// credsFiles are the caller credentials written so far, by data account and principal: each
+// is good for an hour, longer than a life's trials.
+var credsFiles sync.Map
+
+// callerCreds is a caller credential file for owner.actor of the space keys serve.
+func callerCreds(t *testing.T, keys *space.Keys, owner, actor string) string {
+	t.Helper()
+	key := keys.Data.Public() + " " + subjects.Principal(owner, actor)
+	if path, ok := credsFiles.Load(key); ok {
+		return path.(string)
+	}
+	path := harness.WriteCallerCreds(t, keys, owner, actor)
+	credsFiles.Store(key, path)
+	return path
 }
 
 // run runs step until the load stops or step reports that it cannot go on.

@@ -105,7 +105,7 @@ func runTrials(t *testing.T, s settings, start func(t *testing.T) system) []tria
 		grantLoad(t, sys.target(t), a)
 		for k := 0; k < cutsPerLife && n < s.cuts; k++ {
 			n++
-			tr := cutOnce(t, sys, a, lf, s, rng, sd+uint64(n))
+			tr := cutOnce(t, sys, a, lf, s, rng, n, sd+uint64(n))
 			tr.n, tr.life = n, lifeN
 			if tr.restart >= 0 {
 				if got := sys.target(t).keys.Data.Public(); got != data {
@@ -130,10 +130,10 @@ func runTrials(t *testing.T, s settings, start func(t *testing.T) system) []tria
 
 // cutOnce loads sys, cuts its power at a moment drawn from s, restarts it, and checks
 // everything a acknowledged. A restart that does not serve is a loss, and its restart time -1.
-func cutOnce(t *testing.T, sys system, a *acks, lf *life, s settings, rng *mrand.Rand, seed uint64) trial {
+func cutOnce(t *testing.T, sys system, a *acks, lf *life, s settings, rng *mrand.Rand, n int, seed uint64) trial {
 	t.Helper()
 	var tr trial
-	a.beginTrial()
+	a.beginTrial(n)
 	l := startLoad(t, sys.target(t), a, lf, seed)
 	tr.loaded = waitToCut(t, a, rng, s)
 	goesOn := sys.loadGoesOn()
