@@ -88,7 +88,7 @@ func startProber(url string, creds []*cred, cut time.Time) *prober {
 			select {
 			case <-p.stop:
 				return
-			case <-time.After(25 * time.Millisecond): // the next round: the server may be up by then
+			case <-time.After(50 * time.Millisecond): // the next round: the server may be up by then
 			}
 		}
 	}()
