@@ -165,15 +165,15 @@ func (c *checker) row(bucket, key string) []byte {
 // credentials: every credential received has its minted record and its claim.
 func (c *checker) credentials() {
 	auth := subjects.AuthBucket(harness.TestSpace)
+	minted := c.mintedByKey()
 	for _, k := range slices.Sorted(maps.Keys(c.a.creds)) {
 		cr := c.a.creds[k]
 		what := fmt.Sprintf("%s credential %s of instance %s (received in cut %d)", cr.Duty, cr.NKey, cr.Instance, cr.Trial)
 		before := len(c.losses)
-		var rec harness.MintedRecord
-		if m, ok := c.stored[subjects.MintedSubject(harness.TestSpace, cr.Instance, cr.NKey)]; !ok {
-			c.lost(kindCredential, "%s: its minted record is gone", what)
-		} else if err := json.Unmarshal(m.Data(), &rec); err != nil || rec.NKey != cr.NKey || rec.Duty != cr.Duty {
-			c.lost(kindCredential, "%s: its minted record is %s", what, m.Data())
+		if got, ok := minted[cr.Instance+" "+cr.NKey]; !ok {
+			c.lost(kindCredential, "%s: no minted record of its instance names it", what)
+		} else if got.Duty != cr.Duty {
+			c.lost(kindCredential, "%s: its minted record names it as %s", what, got.Duty)
 		}
 		var claim struct {
 			InstanceID string `json:"instanceId"`
@@ -187,6 +187,27 @@ func (c *checker) credentials() {
 			delete(c.a.creds, k) // reported once
 		}
 	}
+}
+
+// mintedByKey is every credential the stored `minted` records name, by "<instance> <nkey>": an
+// instance's records (one a set of keys) name each key it was minted, in the last record of each
+// set. A record that does not decode names nothing.
+func (c *checker) mintedByKey() map[string]harness.MintedCredential {
+	prefix := "cotal." + harness.TestSpace + ".minted."
+	out := map[string]harness.MintedCredential{}
+	for subject, m := range c.stored {
+		if !strings.HasPrefix(subject, prefix) {
+			continue
+		}
+		var rec harness.MintedRecord
+		if err := json.Unmarshal(m.Data(), &rec); err != nil {
+			continue
+		}
+		for _, cr := range rec.Credentials {
+			out[rec.InstanceID+" "+cr.NKey] = cr
+		}
+	}
+	return out
 }
 
 // gate is the manager gate of iid as stored, or nil.
@@ -470,9 +491,15 @@ func (c *checker) endedRefused() {
 	c.a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	held, err := broker.Account{NC: c.sys, Public: c.tg.keys.Data.Public()}.Connections(ctx, users, len(c.tg.servers))
-	if err != nil {
-		c.t.Fatalf("list the connections of the ended instances' keys: %v", err)
+	conns, answered, err := broker.Account{NC: c.sys, Public: c.tg.keys.Data.Public()}.ListConnections(ctx, len(c.tg.servers))
+	if err != nil || len(answered) < len(c.tg.servers) {
+		c.t.Fatalf("list the connections of the ended instances' keys: %d of %d servers answered: %v", len(answered), len(c.tg.servers), err)
+	}
+	held := map[string]int{}
+	for _, conn := range conns {
+		if slices.Contains(users, conn.User) {
+			held[conn.User]++
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(held)) {
 		c.lost(kindEnd, "the broker lists %d connections of key %s of an ended instance", held[k], k)

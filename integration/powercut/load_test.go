@@ -89,10 +89,11 @@ func startLoad(t *testing.T, tg target, a *acks, lf *life, seed uint64) *load {
 	t.Helper()
 	l := &load{a: a, lf: lf, tg: tg, stop: make(chan struct{})}
 	l.base, l.cancel = context.WithCancel(context.Background())
+	// The requesters' slots exist before any requester starts: each one reads its own.
+	for len(lf.managers) < managerRequesters {
+		lf.managers = append(lf.managers, nil)
+	}
 	for i := range managerRequesters {
-		if len(lf.managers) <= i {
-			lf.managers = append(lf.managers, nil)
-		}
 		cli := l.caller(t, harness.OwnerA, cliActor)
 		starter := l.caller(t, harness.OwnerA, starterActor).Conn()
 		rng := mrand.New(mrand.NewPCG(seed, uint64(i)))

@@ -172,12 +172,16 @@ func grantLoad(t *testing.T, tg target, a *acks) {
 	for _, g := range []struct{ owner, actor, scope string }{
 		{harness.OwnerA, cliActor, "supervise"}, {harness.OwnerP, adminActor, "platform-admin"},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := admin.Grant(ctx, tg.keys, tg.url, g.owner, g.actor, []string{g.scope})
-		cancel()
-		if err != nil {
-			t.Fatalf("grant %s: %v", g.scope, err)
-		}
+		// Asked again until it lands, as an operator would: a cluster just back from a stop
+		// may still be electing its stream leaders.
+		testkit.CheckFor(t, 90*time.Second, 100*time.Millisecond, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := admin.Grant(ctx, tg.keys, tg.url, g.owner, g.actor, []string{g.scope}); err != nil {
+				return fmt.Errorf("grant %s: %w", g.scope, err)
+			}
+			return nil
+		})
 		principal := g.owner + "." + g.actor
 		a.ack(kindScope, map[string]any{"principal": principal, "scope": []string{g.scope}}, func() {
 			a.scopes[principal] = &scopeAck{Scope: []string{g.scope}}
