@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,8 +32,8 @@ func kickedWithin(t *testing.T, url, creds string) bool {
 	t.Helper()
 	closed := make(chan struct{})
 	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	if errors.Is(err, io.EOF) {
-		return true // kicked before Connect returned
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		return true // kicked before Connect returned: the server closed, or reset, the socket
 	}
 	if err != nil {
 		t.Fatalf("connect: %v", err)
