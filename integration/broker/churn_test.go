@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"syscall"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
