@@ -19,6 +19,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/powercut"
 	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // A three-node cluster the plane uses (--nats-url, --replicas 3): three nats-server processes,
@@ -172,7 +173,7 @@ func (c *cluster) startNode(t *testing.T, n *node) {
 // waitCurrent waits until node n's /healthz says it is a current member of the meta group and
 // of every stream it replicates; an exit or startWithin without it is errStart.
 func (c *cluster) waitCurrent(n *node) error {
-	deadline := time.Now().Add(startWithin)
+	deadline := time.Now().Add(testkit.Stretched(startWithin))
 	last := errors.New("not asked yet")
 	for time.Now().Before(deadline) {
 		select {
@@ -185,12 +186,12 @@ func (c *cluster) waitCurrent(n *node) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%w: server %s is not current within %s: %v\n%s", errStart, n.name, startWithin, last, tail(n.log.String(), 20))
+	return fmt.Errorf("%w: server %s is not current within %s: %v\n%s", errStart, n.name, testkit.Stretched(startWithin), last, tail(n.log.String(), 20))
 }
 
 // waitServing waits until the plane's /health says ok.
 func (c *cluster) waitServing() error {
-	deadline := time.Now().Add(startWithin)
+	deadline := time.Now().Add(testkit.Stretched(startWithin))
 	last := errors.New("not asked yet")
 	for time.Now().Before(deadline) {
 		select {
@@ -203,7 +204,7 @@ func (c *cluster) waitServing() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%w within %s: %v\n%s", errStart, startWithin, last, tail(c.plane.Stderr.String(), 20))
+	return fmt.Errorf("%w within %s: %v\n%s", errStart, testkit.Stretched(startWithin), last, tail(c.plane.Stderr.String(), 20))
 }
 
 // healthz GETs url and wants 200.
