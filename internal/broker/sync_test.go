@@ -39,19 +39,7 @@ func TestTheEmbeddedServerSyncsEveryWriteUnlessTold(t *testing.T) {
 			if got := b.Server().JetStreamConfig().SyncAlways; got == tt.unsynced {
 				t.Errorf("the server's JetStream config: got SyncAlways %v, want %v", got, !tt.unsynced)
 			}
-			iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			auth, err := iss.Connect("sync-test", subjects.SystemPermissions(m.Data.Public(), m.Plane.Public()), time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			nc, err := nats.Connect(b.ClientURL(), auth)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
+			nc := systemConn(t, m, b, "sync-test")
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			syncs, err := Syncs(ctx, nc)
@@ -91,4 +79,24 @@ func TestAVarzAnswerSaysWhetherItsServerSyncsEveryWrite(t *testing.T) {
 	if s := (Sync{Server: "n3"}); !s.Synced() {
 		t.Errorf("a server without JetStream: got unsynced, want synced (it stores nothing)")
 	}
+}
+
+// systemConn connects to b as a system-account user of m named name, with the plane's system
+// permissions.
+func systemConn(t *testing.T, m *space.Keys, b *Broker, name string) *nats.Conn {
+	t.Helper()
+	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := iss.Connect(name, subjects.SystemPermissions(m.Data.Public(), m.Plane.Public()), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(b.ClientURL(), auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

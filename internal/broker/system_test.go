@@ -6,11 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/subjects"
 )
 
 // An account JWT whose claims every server already holds is not pushed again, however often it
@@ -26,19 +22,7 @@ func TestPushIfChangedPushesOnlyClaimsTheServersDoNotHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Shutdown)
-	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := iss.Connect("push-test", subjects.SystemPermissions(m.Data.Public(), m.Plane.Public()), time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(b.ClientURL(), auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := systemConn(t, m, b, "push-test")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	data := Account{NC: nc, Public: m.Data.Public()}

@@ -309,17 +309,7 @@ func (s *Set) Repush(ctx context.Context, resign bool) error {
 	if s.Sign == nil {
 		return ErrNoSigner
 	}
-	w := &waiter{op: opPush, resign: resign}
-	s.await(ctx, w)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case w.confirmed:
-		return nil
-	case w.err != nil:
-		return w.err
-	}
-	return fmt.Errorf("sign and push the data account's signing keys: %w", s.cause())
+	return s.push(ctx, &waiter{op: opPush, resign: resign}, "sign and push")
 }
 
 // PushVia pushes the newest JWT this replica signed to the server via reaches, over its own
@@ -331,7 +321,12 @@ func (s *Set) PushVia(ctx context.Context, via Broker) error {
 	if s.Sign == nil {
 		return ErrNoSigner
 	}
-	w := &waiter{op: opPush, via: via}
+	return s.push(ctx, &waiter{op: opPush, via: via}, "push")
+}
+
+// push waits for w, a push of Repush or PushVia, and says how it ended; what names it in the
+// error of a push no server confirmed.
+func (s *Set) push(ctx context.Context, w *waiter, what string) error {
 	s.await(ctx, w)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -341,7 +336,7 @@ func (s *Set) PushVia(ctx context.Context, via Broker) error {
 	case w.err != nil:
 		return w.err
 	}
-	return fmt.Errorf("push the data account's signing keys: %w", s.cause())
+	return fmt.Errorf("%s the data account's signing keys: %w", what, s.cause())
 }
 
 // await queues w for the rounds, starting their run if none is under way, and returns once a
