@@ -284,13 +284,15 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 	p.watchFence()
+	// Ready before the readiness file: whoever reads auth-service.json finds /health ok.
+	p.ready.Store(true)
 	if err := instance.WriteServiceInfo(cfg.Dir, instance.ServiceInfo{
 		Ver: 1, URL: p.info.HTTPURL, NATSURL: p.info.NATSURL, SpaceDir: p.info.SpaceDir, PID: os.Getpid(), Cap: d.http.Cap,
 	}); err != nil {
+		p.ready.Store(false)
 		return nil, err
 	}
 	p.onClose("remove "+instance.ServiceInfoFile, func() error { return instance.RemoveServiceInfo(cfg.Dir) })
-	p.ready.Store(true)
 	p.log.Info("authority plane ready", "space", cfg.Space, "instance", p.identity.InstanceID, "instance_capacity", p.info.InstanceCapacity,
 		"epoch", p.info.Epoch, "nats", broker.RedactURL(p.info.NATSURL), "http", p.info.HTTPURL)
 	return p, nil
