@@ -132,36 +132,6 @@ func (v view) holds(pubs []string) bool {
 	return true
 }
 
-// Evict waits until the broker lists no connection authenticated with any of keys, kicking
-// each one it lists (a client whose authentication was under way as its key left the account
-// JWT got in after the broker closed the others), or until ctx ends, and returns how many of
-// keys it found with none left. Each poll lists the account; once one finds none left, a second
-// listing must agree. (A listing is paged per server, and connections that close between two
-// pages move later ones past the next page's start: one listing can miss a connection.)
-func (s *Set) Evict(ctx context.Context, keys []string) int {
-	want := map[string]bool{}
-	for _, k := range keys {
-		want[k] = true
-	}
-	held, confirming := want, false
-	for attempt := 0; ; attempt++ {
-		if found, _, err := s.kick(ctx, func(c broker.Connection) bool { return want[c.User] }); err == nil {
-			switch {
-			case len(found) > 0:
-				held, confirming = found, false
-			case confirming:
-				return len(keys)
-			default:
-				held, confirming = found, true
-				continue // the second listing at once
-			}
-		}
-		if store.Pause(ctx, attempt) != nil {
-			return len(keys) - len(held)
-		}
-	}
-}
-
 // KickStale closes every connection of the account whose credential a key off the set signed:
 // one a server admitted while it held an older account JWT (a server that rejoined before the
 // plane pushed to it), or whose authentication was under way when the key left. It returns how
@@ -183,7 +153,7 @@ func (s *Set) KickStale(ctx context.Context) (int, error) {
 		live[p] = true
 	}
 	n := 0
-	_, failed, err := s.kick(ctx, func(c broker.Connection) bool {
+	_, failed, err := s.kick(ctx, &reach{Broker: s.Broker}, func(c broker.Connection) bool {
 		stale := c.Signer != "" && !live[c.Signer]
 		if stale {
 			n++
@@ -196,11 +166,10 @@ func (s *Set) KickStale(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// kick lists the account's connections on every server and kicks those stale says, returning
-// the keys of those it found and how many kicks failed (each leaves its connection for the next
-// listing to find); an error means the listing did not answer from every server.
-func (s *Set) kick(ctx context.Context, stale func(broker.Connection) bool) (map[string]bool, int, error) {
-	b := &reach{Broker: s.Broker}
+// kick lists the account's connections on every server b counts and kicks those stale says,
+// returning the keys of those it found and how many kicks failed (each leaves its connection for
+// the next listing to find); an error means the listing did not answer from every server.
+func (s *Set) kick(ctx context.Context, b *reach, stale func(broker.Connection) bool) (map[string]bool, int, error) {
 	conns, err := b.connections(ctx)
 	if err != nil {
 		return nil, 0, err

@@ -99,6 +99,7 @@ type Set struct {
 	live, settled map[string]bool
 	once          sync.Once
 	state         *rounds
+	evicts        evictions
 }
 
 // Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
