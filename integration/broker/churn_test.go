@@ -19,11 +19,12 @@ import (
 	"github.com/cotal-ai/authplane/service"
 )
 
-// churnFor is how long the churning owner reconnects as soon as it is kicked, churnLoops with
-// how many connections of each of its principals.
+// churnFor is how long the churning owner reconnects as soon as it is kicked, churnClients with
+// how many connections, spread over three principals: one more than the account has room for
+// beside owner B's 19 and the plane's serving connection, unkicked.
 const (
-	churnFor   = 8 * time.Second
-	churnLoops = 14
+	churnFor     = 8 * time.Second
+	churnClients = 41
 )
 
 // kickedWithin connects with creds and reports whether the plane kicked the connection within
@@ -108,23 +109,24 @@ func TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff(t *testing.T) {
 
 // TestReconnectChurnHoldsNoMoreThanItsCapAndRefusesNoOtherOwner: with the account's, the
 // owner's and the principal's caps at 60, 20 and 8 (the finding's), owner A runs three JWT users
-// with fourteen connections each that connect again as soon as they are kicked (past each
+// with 41 connections between them that connect again as soon as they are kicked (past each
 // principal's cap and the owner's). Meanwhile owner B holds 16 connections and opens and closes
 // three more over and over: not one of B's attempts is refused, and A holds no more than its cap
 // of 20 for longer than a kick takes (excessLife, stretched by the load).
 //
 // What keeps B in is the kick: the broker lets a JWT user in on its JWT alone, and the plane
 // kicks each connection past a cap as its connect event arrives (kickSenders at once), so A's
-// excess lives a kick's round trip, and A's 42 clients (more than the 60 less B's 19 and the
-// plane's own leave them) never fill the account. With the kicks off, A held 41-42 connections
-// and B was refused 108 of 162 times. The back-off (conns.DefaultBackoff) is not what keeps B in
-// here: with it off the test passes (a JWT user's connection past its cap is kicked with or
-// without it; the back-off keeps a kicked bearer out at the callout,
-// TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff). With ten connections each, as this
-// test had, A's 30 clients could not fill the account even unkicked: B was never refused with the
-// kicks off, and only the cap check failed. With twenty each (60 clients) B was refused even with
-// every mechanism on: a churning owner with more clients than the account has room for beside
-// B still pushes B out for as long as its excess waits for its kicks (docs/OPERATIONS.md,
+// excess lives a kick's round trip, and A's 41 clients (one more than the 60 less B's 19 and
+// the plane's serving connection leave them) never fill the account. With the kicks off, A
+// held all 41 and B was refused 58 of 174 times (108 of 162 with 42 clients). The back-off
+// (conns.DefaultBackoff) is not what keeps B in here: with it off the test passes (a JWT
+// user's connection past its cap is kicked with or without it; the back-off keeps a kicked
+// bearer out at the callout, TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff). With ten
+// connections each, as this test had, A's 30 clients could not fill the account even
+// unkicked: B was never refused with the kicks off, and only the cap check failed. With every
+// mechanism on, 42 clients had B refused once in 30 beside another plane's test, and 60 at
+// its steady connections: a churning owner with more clients than the account has room for
+// beside B still pushes B out while its excess waits for its kicks (docs/OPERATIONS.md,
 // "Connections").
 func TestReconnectChurnHoldsNoMoreThanItsCapAndRefusesNoOtherOwner(t *testing.T) {
 	harness.Long(t, "seconds of reconnect churn")
@@ -152,40 +154,42 @@ func TestReconnectChurnHoldsNoMoreThanItsCapAndRefusesNoOtherOwner(t *testing.T)
 		}
 		return n
 	}
+	var principals []string
 	for i := range 3 {
-		creds := harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, fmt.Sprintf("churn%d", i))
-		for range churnLoops {
-			churn.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					closed := make(chan struct{})
-					at := time.Now()
-					nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(creds), nats.NoReconnect(),
-						nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-					if err != nil {
-						refusals.Add(1)
-						time.Sleep(5 * time.Millisecond) // refused: the churn's only pause
-						continue
-					}
-					opened.Add(1)
-					mu.Lock()
-					up[nc] = at
-					mu.Unlock()
-					select {
-					case <-closed:
-					case <-stop:
-						nc.Close()
-					}
-					mu.Lock()
-					delete(up, nc)
-					mu.Unlock()
+		principals = append(principals, harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, fmt.Sprintf("churn%d", i)))
+	}
+	for j := range churnClients {
+		creds := principals[j%len(principals)]
+		churn.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			})
-		}
+				closed := make(chan struct{})
+				at := time.Now()
+				nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(creds), nats.NoReconnect(),
+					nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+				if err != nil {
+					refusals.Add(1)
+					time.Sleep(5 * time.Millisecond) // refused: the churn's only pause
+					continue
+				}
+				opened.Add(1)
+				mu.Lock()
+				up[nc] = at
+				mu.Unlock()
+				select {
+				case <-closed:
+				case <-stop:
+					nc.Close()
+				}
+				mu.Lock()
+				delete(up, nc)
+				mu.Unlock()
+			}
+		})
 	}
 	stopChurn := sync.OnceFunc(func() { close(stop); churn.Wait() })
 	t.Cleanup(stopChurn)
