@@ -119,8 +119,8 @@ const (
 // no latency figure (docs/OPERATIONS.md, "Budgets between owners", states what another owner's
 // request waits for, and what it measured): it separates a plane that bounds the flood from
 // one that does not. At the defaults, under the race detector beside two burners on a 2-CPU
-// machine at a load of 5-7, another owner's requests took at most 2.3-7.9 s (prepare) and
-// 5.3-7.9 s (end), against 0.23 s and 1.25 s without the flood; without the bound
+// machine at a load of 5-10, another owner's requests took at most 2.3-7.9 s (prepare) and
+// 4.3-12.2 s (end) in six runs, against 0.23 s and 1.25 s without the flood; without the bound
 // (--owner-in-flight 0) they took 41-53 s (the flood's requests ahead of them hold every slot
 // of both pools). Before one listing of the account served every end waiting
 // (docs/decisions/2026-12-04-one-listing-for-every-end.md) the end took 7.6-24.9 s at the
