@@ -34,10 +34,11 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.IntVar(&b.Requesters, "requesters", 32, "N: principals requesting at once, each on its own connection (1 to 1024)")
 	fs.DurationVar(&b.Duration, "duration", 5*time.Second, "length of each measured phase, after a warm-up of a fifth of it, at most 1s (100ms to 10m)")
-	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end with the space filled with live instances), storm (bearer connections at once through the auth callout)")
+	phases := fs.String("phases", bench.PhaseOps, "phases to run, in this order: ops (the operations against the echo and mint ceilings), ends (supervisor-end with the space filled with live instances), owners (--owners owners each trying to register their quota and one more, then another owner's end), storm (bearer connections at once through the auth callout)")
 	endFill := fs.String("end-fill", "0,1000,5000,max", "ends: the live instances to fill the space with, ascending (each 0 to 1000000, or max: the most below its capacity that leaves room for the phase's own ends)")
 	endConcurrency := fs.String("end-concurrency", "1,8,20", "ends: how many supervisor-ends run at once, at each size (each 1 to 256)")
 	fs.IntVar(&b.EndRounds, "end-rounds", 3, "ends: rounds of that many ends at once, at each size and concurrency (1 to 100)")
+	fs.IntVar(&b.Owners, "owners", 1000, "owners: how many owners, each its own principal and connection, try to register --max-instances-per-owner instances and one more (1 to 10000)")
 	storm := fs.String("storm", "1000,5000", "storm: how many bearer connections connect at once through the auth callout, each its own principal, and as many through the callout ceiling and with direct JWTs (each 1 to 100000)")
 	ops := fs.String("ops", strings.Join(bench.Operations, ","), "operations to drive, in this order: renew, renewStandingBundle, prepare")
 	fs.BoolVar(&b.OneInstance, "one-instance", false, "every requester renews (or prepares) one shared instance instead of its own")
@@ -102,15 +103,8 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	} else if err := secretAt("--dir", *dir, admin.ServiceInfoFile); err != nil {
 		return err
 	}
-	cfg.Dir, cfg.NATSPort, cfg.HTTPPort = *dir, 0, 0
-	// The bench measures the plane, not a tenant's budgets: one owner drives it all.
-	cfg.Rate, cfg.OwnerInFlight = 0, 0
-	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
-	cfg.NewKeysPerOwner = 10_000_000
-	cfg.MaxConnectionsPerOwner = cfg.MaxConnections - cfg.ReservedConnections
-	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
-	// The plane logs every mint as it does in production; the lines are formatted and dropped.
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cfg.Dir = *dir
+	benchPlane(&cfg, b)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -146,7 +140,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report, err := measure(ctx, plane, cfg.MaxConnections, cfg.Dir, b)
+	report, err := measure(ctx, plane, cfg.MaxConnections, cfg.MaxInstancesPerOwner, cfg.Dir, b)
 	if cerr := plane.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -165,6 +159,20 @@ func benchCmd(args []string, stdout, stderr io.Writer) error {
 		printReport(stdout, report)
 	}
 	return unmeasured(report)
+}
+
+// benchPlane makes cfg the bench's plane: ports of its own, and no tenant budget but the
+// quota (the bench measures the plane, not a tenant's budgets: one owner drives it all; the
+// owners phase fills each owner's quota).
+func benchPlane(cfg *service.Config, b bench.Config) {
+	cfg.NATSPort, cfg.HTTPPort = 0, 0
+	cfg.Rate, cfg.OwnerInFlight = 0, 0
+	cfg.ReregistrationsPerInstance, cfg.ReregistrationsPerOwner = 1_000_000, 1_000_000
+	cfg.NewKeysPerOwner = 10_000_000
+	cfg.MaxConnectionsPerOwner = cfg.MaxConnections - cfg.ReservedConnections
+	cfg.MaxInstancesPerOwner = max(cfg.MaxInstancesPerOwner, b.Requesters+1)
+	// The plane logs every mint as it does in production; the lines are formatted and dropped.
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // unmeasured is an error naming each operation of r that no answer measured: a bench whose
@@ -201,14 +209,14 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 // measure runs the bench against a started plane.
-func measure(ctx context.Context, plane *service.Plane, maxConnections int64, dir string, b bench.Config) (*bench.Report, error) {
+func measure(ctx context.Context, plane *service.Plane, maxConnections int64, maxPerOwner int, dir string, b bench.Config) (*bench.Report, error) {
 	info := plane.Info()
 	keys, err := (admin.Locate{SpaceDir: info.SpaceDir}).Keys()
 	if err != nil {
 		return nil, err
 	}
 	r, err := bench.Run(ctx, bench.Target{NATSURL: info.NATSURL, Keys: keys, MaxConnections: maxConnections, HTTPURL: info.HTTPURL,
-		InstanceCapacity: info.InstanceCapacity, Dir: dir}, b)
+		InstanceCapacity: info.InstanceCapacity, MaxInstancesPerOwner: maxPerOwner, Dir: dir}, b)
 	if err == nil && ctx.Err() != nil {
 		err = errors.New("interrupted")
 	}
@@ -229,9 +237,29 @@ func printReport(w io.Writer, r *bench.Report) {
 	if len(r.Ends) > 0 {
 		printEnds(w, r.Ends)
 	}
+	if r.Owners != nil {
+		printOwners(w, r.Owners)
+	}
 	if len(r.Storms) > 0 {
 		printStorms(w, r.Storms)
 	}
+}
+
+// printOwners prints the owners phase.
+func printOwners(w io.Writer, o *bench.Owners) {
+	fmt.Fprintf(w, "\n%d owners, quota %d each, space of %d: %d live instances, account JWT %d bytes\n",
+		o.Owners, o.Quota, o.Capacity, o.Live, o.JWTBytes)
+	fmt.Fprintf(w, "owners in: %d; instances × owners: %s\n", o.In, bench.HeldText(o.Held))
+	fmt.Fprintf(w, "prepares registered: %d in %.1f s (all owners stopped at %.1f s); refused: %s\n",
+		o.Prepares, o.FullS, o.AllS, refusedText(o.Refused))
+	if o.Listed > 0 {
+		fmt.Fprintf(w, "keys of prepares refused after their key was listed: %d when the owners stopped, all gone %.1f s later (-1: not in 3 min)\n", o.Listed, o.ListedS)
+	}
+	end := "done"
+	if !o.EndDone {
+		end = "NOT done " + o.EndRefused
+	}
+	fmt.Fprintf(w, "another owner's end: %s in %.0f ms; its credential refused by the broker: %v\n", end, o.EndMs, o.CredsRefused)
 }
 
 // printStorms prints the storm phase's runs.

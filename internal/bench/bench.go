@@ -26,10 +26,12 @@ const (
 	PhaseOps   = "ops"
 	PhaseEnds  = "ends"
 	PhaseStorm = "storm"
+	// PhaseOwners: owners each trying to fill their quota, then another owner's end.
+	PhaseOwners = "owners"
 )
 
 // Phases lists every phase in the order a run takes them.
-var Phases = []string{PhaseOps, PhaseEnds, PhaseStorm}
+var Phases = []string{PhaseOps, PhaseEnds, PhaseOwners, PhaseStorm}
 
 // Operations the bench drives, in the order it drives them: prepare re-registers every
 // instance, so it runs last.
@@ -58,6 +60,8 @@ type Config struct {
 	EndFill        []int
 	EndConcurrency []int
 	EndRounds      int
+	// Owners is how many owners the owners phase fills the space with.
+	Owners int
 	// Storm are the sizes of the reconnect storms: N connections at once, each its own
 	// principal.
 	Storm []int
@@ -91,11 +95,14 @@ func (c Config) Validate() error {
 	}
 	for _, ph := range c.Phases {
 		if !slices.Contains(Phases, ph) {
-			p = append(p, fmt.Errorf("--phases: %q is not one of ops, ends, storm", ph))
+			p = append(p, fmt.Errorf("--phases: %q is not one of ops, ends, owners, storm", ph))
 		}
 	}
 	if len(c.Phases) == 0 {
-		p = append(p, errors.New("--phases: want at least one of ops, ends, storm"))
+		p = append(p, errors.New("--phases: want at least one of ops, ends, owners, storm"))
+	}
+	if c.Owners < 1 || c.Owners > 10_000 {
+		p = append(p, fmt.Errorf("--owners %d: want 1 to 10000", c.Owners))
 	}
 	// Every flag is held to its range, whichever phases run.
 	p = append(p, c.validateEnds()...)
@@ -145,8 +152,10 @@ type Target struct {
 	MaxConnections int64
 	// HTTPURL is the plane's loopback HTTP face; its metrics count the callout's answers.
 	HTTPURL string
-	// InstanceCapacity is the most live manager instances the space holds.
-	InstanceCapacity int
+	// InstanceCapacity is the most live manager instances the space holds;
+	// MaxInstancesPerOwner the most one owner may register.
+	InstanceCapacity     int
+	MaxInstancesPerOwner int
 	// Dir is the plane's state directory: where the disk ceilings are measured.
 	Dir string
 }
@@ -205,12 +214,15 @@ type Report struct {
 	Operations []Phase `json:"operations"`
 	// Ends are the end phase's cells.
 	Ends []EndCell `json:"ends,omitempty"`
+	// Owners is the owners phase.
+	Owners *Owners `json:"owners,omitempty"`
 	// Storms are the storm phase's runs: for each N, the ceiling, the callout, direct JWTs.
 	Storms []Storm `json:"storms,omitempty"`
 }
 
 // Run measures t, phase by phase: the operations against the echo and mint ceilings, then the
-// supervisor ends, then the reconnect storm, each if cfg names it.
+// supervisor ends, then the owners filling the space and another owner's end (after the end
+// phase, in a space that phase filled), then the reconnect storm, each if cfg names it.
 func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -226,7 +238,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	if !cfg.runs(PhaseEnds) && !cfg.runs(PhaseStorm) {
+	if !cfg.runs(PhaseEnds) && !cfg.runs(PhaseOwners) && !cfg.runs(PhaseStorm) {
 		return r, nil
 	}
 	s, err := openSide(ctx, t)
@@ -237,6 +249,11 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 	if cfg.runs(PhaseEnds) {
 		if r.Ends, err = runEnds(ctx, t, s, cfg, progress); err != nil {
 			return nil, fmt.Errorf("end phase: %w", err)
+		}
+	}
+	if cfg.runs(PhaseOwners) {
+		if r.Owners, err = runOwners(ctx, t, s, cfg, progress); err != nil {
+			return nil, fmt.Errorf("owners phase: %w", err)
 		}
 	}
 	if cfg.runs(PhaseStorm) {

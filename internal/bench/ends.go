@@ -165,6 +165,8 @@ func resolveFill(cfg Config, capacity int) ([]int, error) {
 type lifecycle struct {
 	owner string
 	m     client.Manager
+	// supervisor and seed are its supervisor credential, for a connect after the end.
+	supervisor, seed string
 }
 
 // endCell sets up rounds × c lifecycles, then ends them c at a time and counts.
@@ -239,11 +241,15 @@ func endCell(ctx context.Context, admin *client.Client, s *side, cfg Config, fil
 // supervise assigns a fresh owner's fresh manager to the platform admin for an hour and
 // registers it (prepare, activate) through supervisor-authority: what an end then revokes.
 func supervise(ctx context.Context, admin *client.Client) (lifecycle, error) {
-	m, _, err := client.NewManager()
+	m, keys, err := client.NewManager()
 	if err != nil {
 		return lifecycle{}, err
 	}
-	l := lifecycle{owner: newOwner(), m: m}
+	seed, err := keys[subjects.DutySupervisor].Seed()
+	if err != nil {
+		return lifecycle{}, err
+	}
+	l := lifecycle{owner: newOwner(), m: m, seed: string(seed)}
 	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	a, err := admin.Assign(rctx, client.Assign{Owner: l.owner, InstanceID: m.InstanceID, LifecycleUID: m.LifecycleUID, ExpiresAt: time.Now().Add(time.Hour).Unix()})
@@ -254,6 +260,7 @@ func supervise(ctx context.Context, admin *client.Client) (lifecycle, error) {
 	if err != nil {
 		return l, fmt.Errorf("supervised prepare: %w", err)
 	}
+	l.supervisor = prep.Credentials[string(subjects.DutySupervisor)].JWT
 	body := admin.SupervisorBody(l.owner, a.Revision, client.OpActivate, m)
 	body.Request.RegistrationProof = &prep.RegistrationProof
 	if _, err := admin.SupervisorAuthority(rctx, body); err != nil {
