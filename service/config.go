@@ -301,7 +301,7 @@ func (c Config) Validate() error {
 		bad("--max-instances-per-owner %d: want 1 to %d", c.MaxInstancesPerOwner, manager.MaxInstancesPerOwner)
 	}
 	if c.NewKeysPerOwner < 10 || c.NewKeysPerOwner > 10_000_000 {
-		bad("--new-keys-per-owner %d: want 10 (a registration binds 5) to 10000000", c.NewKeysPerOwner)
+		bad("--new-keys-per-owner %d: want 10 (a first registration takes 6) to 10000000", c.NewKeysPerOwner)
 	}
 	if c.ReregistrationsPerInstance < 1 || c.ReregistrationsPerOwner < c.ReregistrationsPerInstance || c.ReregistrationsPerOwner > 1_000_000 {
 		bad("--reregistrations-per-instance %d and --reregistrations-per-owner %d: want at least 1 an hour for an instance, and for an owner at least an instance's and at most 1000000", c.ReregistrationsPerInstance, c.ReregistrationsPerOwner)

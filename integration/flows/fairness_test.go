@@ -33,8 +33,9 @@ func TestEveryTenantBudgetHoldsPerSpaceAcrossRestartsAndReplicas(t *testing.T) {
 	replica := func() *harness.TestPlane {
 		return harness.StartPlane(t, func(c *service.Config) {
 			harness.AgainstStandalone(s)(c)
-			// Two registrations of fresh keys (5 each); re-registrations: 2 of an instance at once.
-			c.NewKeysPerOwner = 10
+			// Two registrations of fresh keys (6 each: five identities and the instance's signing
+			// key); re-registrations: 2 of an instance at once.
+			c.NewKeysPerOwner = 12
 			c.ReregistrationsPerInstance, c.ReregistrationsPerOwner = 20, 1000
 		})
 	}
@@ -42,14 +43,14 @@ func TestEveryTenantBudgetHoldsPerSpaceAcrossRestartsAndReplicas(t *testing.T) {
 	harness.Grant(t, a, harness.OwnerA, "cli", "supervise")
 	cli := harness.CallerConn(t, a, harness.OwnerA, "cli")
 	m := harness.NewManagerKeys(t)
-	_, act := harness.Registered(t, cli, harness.OwnerA, "cli", m) // 5 of the 10 new keys, through a
+	_, act := harness.Registered(t, cli, harness.OwnerA, "cli", m) // 6 of the 12 new keys, through a
 	again := func() harness.Outcome {
 		fresh := harness.NewManagerKeys(t) // the same instance and lifecycle; fresh keys are new keys too
 		fresh.Iid, fresh.Uid, fresh.Manager.InstanceID, fresh.Manager.LifecycleUID = m.Iid, m.Uid, m.Iid, m.Uid
 		return harness.AskAsync(cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, fresh.Body(t, "prepare", "cli"))
 	}
 	reregs := harness.NewManagerKeys(t)
-	harness.Registered(t, cli, harness.OwnerA, "cli", reregs) // the other 5
+	harness.Registered(t, cli, harness.OwnerA, "cli", reregs) // the other 6
 	// Re-registrations of reregs's instance spend no new key: the same keys again.
 	same := func() harness.Outcome {
 		return harness.AskAsync(cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, reregs.Body(t, "prepare", "cli"))

@@ -18,6 +18,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/broker"
+	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/testkit"
@@ -348,5 +349,66 @@ func TestTheEvictionWaitCountsAJWTUserByItsJWTWhateverNameItSent(t *testing.T) {
 	}
 	if held[a] != 1 || held[b] != 2 || held[absent] != 0 || len(held) != 3 {
 		t.Fatalf("connections listed by JWT subject: got %v, want A once and B twice, as C once (%s, %s)", held, a, b)
+	}
+}
+
+// TestAFirstPrepareRefusedAtItsCommitTakesItsKeyOffAndSpendsItsBudget: two first prepares of
+// an owner with a quota of one meet at the commit, each having listed its instance's key before
+// it signed; one registers, the other is refused resource-exhausted at the quota's step and
+// discarded. The refused one's key leaves the set and the broker's account JWT within seconds,
+// long before the sweep could take it (twice the request deadline and the clock skew: 130 s),
+// the winner's stays listed and its credential connects, and the owner's new-keys budget is
+// spent for both: six keys each, the instance's signing key with its five identities.
+func TestAFirstPrepareRefusedAtItsCommitTakesItsKeyOffAndSpendsItsBudget(t *testing.T) {
+	t.Parallel()
+	hold := &siblingHold{}
+	p := harness.StartPlane(t, func(c *service.Config) {
+		c.MaxInstancesPerOwner, c.NewKeysPerOwner, c.Rate = 1, 100, 0
+		c.Workers = 32 // a sibling meets the held worker 1 time in 32
+		c.Hooks = &service.Hooks{BeforeCommit: hold.hook}
+	})
+	harness.Grant(t, p, harness.OwnerA, "cli", "supervise")
+	cli := harness.CallerConn(t, p, harness.OwnerA, "cli")
+	ms := []*harness.ManagerKeys{harness.NewManagerKeys(t), harness.NewManagerKeys(t)}
+	got := make([]harness.Outcome, 2)
+	held, answered := hold.arm(), make(chan struct{})
+	go func() {
+		defer close(answered)
+		got[0] = harness.AskAsync(cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, ms[0].Body(t, "prepare", "cli"))
+	}()
+	select { // the second starts while the first waits at its commit
+	case <-held:
+	case <-answered:
+		t.Fatalf("the first prepare was answered before its commit: %s %q", got[0].Code, got[0].Message)
+	}
+	got[1] = harness.AskAsync(cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, ms[1].Body(t, "prepare", "cli"))
+	<-answered
+	win, lose := 0, 1
+	if got[0].Code != "" {
+		win, lose = 1, 0
+	}
+	if got[win].Code != "" || got[lose].Code != "resource-exhausted" || !strings.Contains(got[lose].Message, "--max-instances-per-owner") {
+		t.Fatalf("two first prepares at a quota of one: got %s %q and %s %q, want one issued and one refused at the quota",
+			got[0].Code, got[0].Message, got[1].Code, got[1].Message)
+	}
+	if n := countMsgs(t, p, subjects.AuditStream(harness.TestSpace), subjects.AuditSubject(harness.TestSpace, "discarded", harness.OwnerA, "cli")); n != 1 {
+		t.Fatalf("%d prepares were discarded at their commit, want the refused one: the test did not race", n)
+	}
+	testkit.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if _, ok := harness.LiveSigners(t, p)[ms[lose].Iid]; ok || harness.Listed(t, p, ms[lose].Iid) {
+			return errors.New("the key of the prepare refused at its commit is still listed")
+		}
+		return nil
+	})
+	if !harness.Listed(t, p, ms[win].Iid) {
+		t.Fatal("the registered instance's key is not listed")
+	}
+	harness.DutyConn(t, p, ms[win], harness.OwnerA, subjects.DutySupervisor, got[win].Material.Credentials["supervisor"].JWT)
+	var left struct {
+		Tokens float64 `json:"tokens"`
+	}
+	harness.ReadRecord(t, p, subjects.AuthBucket(harness.TestSpace), "$KV."+subjects.AuthBucket(harness.TestSpace)+"."+subjects.BudgetKey(budget.NewKeysOwner, harness.OwnerA), &left)
+	if left.Tokens > 100-12+0.5 {
+		t.Errorf("the owner's new-keys budget holds %.2f of 100 after two first prepares, want 88: six keys each, the refused one's too", left.Tokens)
 	}
 }

@@ -437,7 +437,7 @@ func TestAnOwnersNewKeysAreBoundedAndAnotherOwnersAreNot(t *testing.T) {
 	t.Parallel()
 	p := harness.StartPlane(t, func(c *service.Config) { c.NewKeysPerOwner = 12 })
 	harness.Grant(t, p, harness.OwnerB, "cli", "supervise")
-	r := harness.NewRegisteredManager(t, p) // ownerA: 5 keys
+	r := harness.NewRegisteredManager(t, p) // ownerA: 6 keys (five identities, the instance's signing key)
 	harness.Registered(t, r.Cli, harness.OwnerA, "cli", harness.NewManagerKeys(t))
 	before := harness.StoreSeqs(t, p)
 	o := harness.AskAsync(r.Cli, harness.OwnerA, "cli", subjects.EndpointManagerAuthority, harness.NewManagerKeys(t).Body(t, "prepare", "cli"))

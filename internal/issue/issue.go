@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
@@ -20,6 +19,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -183,6 +183,12 @@ type Signers interface {
 	Room(ctx context.Context, iid string, registered bool) error
 	// Main returns the issuer of what no instance's key signs (the auth callout's users).
 	Main(ctx context.Context) (*mint.Issuer, error)
+	// Withdraw takes iid's key off, best effort and without waiting, once its first
+	// registration was refused after Issuer listed it: only while its gate is still absent.
+	Withdraw(iid string)
+	// Committed says iid's first registration committed: its key, read still listed, is taken
+	// to be live.
+	Committed(ctx context.Context, iid string)
 }
 
 // Pipeline mints for one account.
@@ -199,7 +205,8 @@ type Pipeline struct {
 	// NewKeys, when set, is the budget of keys each owner claims anew. A claim is for life and
 	// every new key's `minted` record stays in the shared minted stream for its retention, so
 	// how many one owner creates in that time is bounded; a plan past it is refused
-	// resource-exhausted before it signs anything. Keys an instance already holds cost nothing.
+	// resource-exhausted before it signs anything. Keys an instance already holds cost nothing;
+	// a first registration's instance signing key, which it lists, costs one.
 	NewKeys *KeyBudgets
 	Now     func() time.Time
 	// Limits bound every credential it mints (subscriptions, payload).
@@ -256,6 +263,12 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 		fresh = len(keys) // no instance claims a key the broker chose: each is new
 	}
 	signed := p.Signers != nil && !plan.Instance.IsServerChosen()
+	// A first registration lists its instance's key before it signs: one more key of its
+	// owner's new ones, whether or not it commits.
+	first := signed && !plan.Registered
+	if first {
+		fresh++
+	}
 	if signed {
 		// A full space refuses before the budgets are spent: a refusal writes nothing.
 		if err := p.Signers.Room(work, plan.Instance.ID(), plan.Registered); err != nil {
@@ -278,6 +291,17 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 
 	out := &Issued{At: now, Credentials: make([]Credential, 0, len(plan.Grants))}
+	// A first registration that does not commit takes its key off again, unless the outcome
+	// of a commit is unknown or the deadline passed (a write sent may still land): then the
+	// sweep takes it off once the registration can no longer commit.
+	unsure := false
+	if first {
+		defer func() {
+			if len(out.Revisions) < len(plan.Steps) && !unsure && work.Err() == nil {
+				p.Signers.Withdraw(plan.Instance.ID())
+			}
+		}()
+	}
 	recorded := make([]audit.Credential, 0, len(plan.Grants))
 	for _, g := range plan.Grants {
 		exp := now.Add(g.TTL)
@@ -335,6 +359,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	for i, s := range plan.Steps {
 		rev, err := s.Commit(work)
 		if err != nil {
+			unsure = errors.Is(err, fence.ErrUnknownOutcome) || errors.Is(err, store.ErrUnknownOutcome)
 			refusal := fault.Store(err, "committing the mint on %s", s.Fence)
 			if rerr := release(work, plan.Steps[:i], err); rerr != nil {
 				r := *refusal
@@ -352,6 +377,9 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 	if refusal := p.expired(out); refusal != nil {
 		return discard(refusal) // committed, but it would leave already expired
+	}
+	if first {
+		p.Signers.Committed(work, plan.Instance.ID())
 	}
 	p.Audit.LogMinted(plan.Request, recorded)
 	return out, nil
@@ -417,62 +445,4 @@ func release(ctx context.Context, landed []Step, cause error) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// KeyBudgets bound how many keys an owner claims anew, and how many it has the broker choose
-// (the auth callout's users, one for each connection): each is one more `minted` record in the
-// stream every tenant shares. Both are kept in the store (budget.Stored): they hold per space,
-// across restarts and replicas, at the cost of a read and a write on a mint that adds keys.
-type KeyBudgets struct {
-	PerOwner *budget.Stored
-	// Window is what the budget is counted over (the minted records' retention), and Limit
-	// the keys it allows in it, for the refusal.
-	Window time.Duration
-	Limit  int
-	// PerOwnerConnections bounds the keys the broker chooses for an owner's connections:
-	// ConnectionsLimit of them a bearer's life (ConnectionsWindow), enough for each connection
-	// the owner may hold to connect again with each new bearer, and no more.
-	PerOwnerConnections *budget.Stored
-	ConnectionsWindow   time.Duration
-	ConnectionsLimit    int
-}
-
-// spend takes plan's Spends and fresh new keys of its owner's, all or none, before anything
-// is signed, and refuses with the refusal of the first budget that could not give its share.
-func (p *Pipeline) spend(ctx context.Context, plan Plan, fresh int) error {
-	spends := plan.Spends
-	if keys := p.NewKeys.spend(plan.Instance, fresh); keys.From != nil {
-		spends = append(slices.Clip(spends), keys)
-	}
-	if len(spends) == 0 {
-		return nil
-	}
-	wants := make([]budget.Want, len(spends))
-	for i, s := range spends {
-		wants[i] = s.Want
-	}
-	short, err := budget.TakeAll(ctx, wants...)
-	switch {
-	case err != nil:
-		return fault.Store(err, "reading the %s budget", wants[short].From.Budget)
-	case short >= 0:
-		return spends[short].Refusal
-	}
-	return nil
-}
-
-// spend is the want of n new keys from the budget of in's owner, and its refusal; a want of
-// nothing (From nil) when none is bounded.
-func (b *KeyBudgets) spend(in claim.Instance, n int) Spend {
-	if b == nil || n == 0 || in.Owner() == "" {
-		return Spend{}
-	}
-	if in.IsServerChosen() {
-		return Spend{Want: budget.Want{From: b.PerOwnerConnections, Name: in.Owner(), N: n},
-			Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ConnectionKeysOwner},
-				"owner %s connected as often as it may for now (--max-connections-per-owner: %d in %s, a bearer's life): retry shortly", in.Owner(), b.ConnectionsLimit, b.ConnectionsWindow)}
-	}
-	return Spend{Want: budget.Want{From: b.PerOwner, Name: in.Owner(), N: n},
-		Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
-			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)}
 }

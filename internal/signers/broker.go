@@ -108,7 +108,7 @@ func (v view) shows(keys *Keys, w *waiter) bool {
 					return false
 				}
 			}
-			if w.op == opRemove && v.any[pub] {
+			if (w.op == opRemove || w.op == opWithdraw) && v.any[pub] {
 				return false
 			}
 		}

@@ -2,12 +2,16 @@ package signers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/subjects"
 )
 
 // RecheckGrace is how old the set's last signing must be before Recheck signs it again: its own
@@ -29,6 +33,12 @@ func (s *Set) Sweep(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("read the data account's signing keys: %w", err)
 	}
 	s.mu.Lock()
+	for iid := range s.live { // taken off by another replica's withdraw or end
+		if _, ok := cur.Row.Live[iid]; !ok {
+			delete(s.live, iid)
+			delete(s.settled, iid)
+		}
+	}
 	var iids []string
 	for iid := range cur.Row.Live {
 		if !s.settled[iid] {
@@ -71,6 +81,34 @@ func (s *Set) Sweep(ctx context.Context) (int, error) {
 	return len(w.iids), nil
 }
 
+// Withdraw takes iid's key off the set, best effort and without waiting, when its first
+// registration was refused after the key was listed: the round that takes it off reads the
+// gate, after the set, and leaves a key whose gate exists (a registration of the instance that
+// committed). A registration of the instance still in flight elsewhere may lose its key; its
+// next mint lists it again once its gate is open. What this misses, the sweep takes off.
+func (s *Set) Withdraw(iid string) {
+	if s.Sign == nil {
+		return
+	}
+	s.queue(&waiter{op: opWithdraw, iids: []string{iid}, deadline: time.Now().Add(time.Minute)})
+}
+
+// Committed marks iid, whose first registration committed, live on this replica when the
+// stored set still lists its key: its next mints need no round. A key taken off meanwhile
+// (a withdraw of a racing registration) is left for the next mint to list again.
+func (s *Set) Committed(ctx context.Context, iid string) {
+	cur, err := s.fence().Observe(ctx)
+	if err != nil {
+		return // the next mint's round decides
+	}
+	if _, ok := cur.Row.Live[iid]; ok {
+		s.rounds()
+		s.mu.Lock()
+		s.live[iid] = true
+		s.mu.Unlock()
+	}
+}
+
 // Recheck sweeps the set, then reads it and what every server's resolver holds, and when a
 // server holds an older JWT or lists other keys, has a round sign and push the set again and
 // waits for it to be read back, reporting that it did. That undoes what a push of an older
@@ -105,4 +143,30 @@ func (s *Set) Recheck(ctx context.Context) (repushed bool, err error) {
 		return false, nil
 	}
 	return true, s.Repush(ctx, true)
+}
+
+// gateStates reads the state of each instance's gate of iids ("" for one never written;
+// "gone" for a delete marker), a bounded number at a time.
+func (s *Set) gateStates(ctx context.Context, iids []string) ([]string, error) {
+	states := make([]string, len(iids))
+	errs := make([]error, len(iids))
+	limit := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, iid := range iids {
+		limit <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-limit }()
+			g, err := gate.Of(s.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+			switch {
+			case errors.Is(err, fence.ErrGone):
+				states[i] = "gone"
+			case err != nil:
+				errs[i] = fmt.Errorf("read the gate of instance %s: %w", iid, err)
+			case !g.Absent():
+				states[i] = g.Row.State
+			}
+		})
+	}
+	wg.Wait()
+	return states, errors.Join(errs...)
 }

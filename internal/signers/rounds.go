@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/store"
-	"github.com/cotal-ai/authplane/subjects"
 )
 
 // rounds is the state of a Set's run across its rounds.
@@ -256,6 +254,11 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 	}
 	var check []*waiter
 	for _, w := range fresh {
+		if w.op == opWithdraw {
+			check = append(check, w) // read before the adds, taken off before them
+		}
+	}
+	for _, w := range fresh {
 		if w.op != opAdd {
 			continue
 		}
@@ -272,7 +275,16 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 		return row{}, false, nil, err
 	}
 	for i, w := range check {
+		if _, ok := next.Live[w.iids[0]]; ok && w.op == opWithdraw && states[i] == "" {
+			delete(next.Live, w.iids[0])
+			write = true
+		}
+	}
+	for i, w := range check {
 		iid := w.iids[0]
+		if w.op == opWithdraw {
+			continue
+		}
 		switch _, ok := next.Live[iid]; {
 		case ok: // another waiter of the round added it
 		case states[i] != "" && states[i] != gate.Open:
@@ -287,7 +299,7 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 	// A remove is of the keys off the set once the round's adds are made (the sweep's of an
 	// instance whose registration came back meanwhile is not).
 	for _, w := range fresh {
-		if w.op == opRemove {
+		if w.op == opRemove || w.op == opWithdraw {
 			v[w] = verdict{gone: slices.DeleteFunc(slices.Clone(w.iids), func(iid string) bool { _, ok := next.Live[iid]; return ok })}
 		}
 	}
@@ -304,30 +316,6 @@ func (s *Set) gates(ctx context.Context, ws []*waiter) ([]string, error) {
 	return s.gateStates(ctx, iids)
 }
 
-func (s *Set) gateStates(ctx context.Context, iids []string) ([]string, error) {
-	states := make([]string, len(iids))
-	errs := make([]error, len(iids))
-	limit := make(chan struct{}, 32)
-	var wg sync.WaitGroup
-	for i, iid := range iids {
-		limit <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-limit }()
-			g, err := gate.Of(s.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
-			switch {
-			case errors.Is(err, fence.ErrGone):
-				states[i] = "gone"
-			case err != nil:
-				errs[i] = fmt.Errorf("read the gate of instance %s: %w", iid, err)
-			case !g.Absent():
-				states[i] = g.Row.State
-			}
-		})
-	}
-	wg.Wait()
-	return states, errors.Join(errs...)
-}
-
 // learn tells each waiter of fresh what the write made of it: refused, or written (and, for a
 // remove, which keys it took off: this replica no longer takes them to be live).
 func (s *Set) learn(fresh []*waiter, verdicts map[*waiter]verdict) {
@@ -341,7 +329,7 @@ func (s *Set) learn(fresh []*waiter, verdicts map[*waiter]verdict) {
 			continue
 		}
 		w.written = true
-		if w.op == opRemove {
+		if w.op == opRemove || w.op == opWithdraw {
 			w.iids = v.gone
 			for _, iid := range v.gone {
 				delete(s.live, iid)
@@ -368,11 +356,8 @@ func (r *rounds) release(ws []*waiter, held view, issued int64) bool {
 		case w.closed:
 		case held.oldest >= issued && held.shows(s.Keys, w):
 			w.confirmed = true
-			if w.op == opAdd {
-				s.live[w.iids[0]] = true
-				if w.registered {
-					s.settled[w.iids[0]] = true
-				}
+			if w.op == opAdd && w.registered { // a first registration's is live once it commits
+				s.live[w.iids[0]], s.settled[w.iids[0]] = true, true
 			}
 			s.close(w)
 		default:

@@ -191,6 +191,9 @@ const (
 	opRemove
 	opPush // sign and push the set as it is
 	opGens // list exactly the generations gens
+	// opWithdraw removes a key only while the instance's gate is absent: a first registration
+	// refused after its key was listed.
+	opWithdraw
 )
 
 // waiter is one change waiting for the round that makes it. Its fields after deadline are the
@@ -343,24 +346,30 @@ func (s *Set) push(ctx context.Context, w *waiter, what string) error {
 // await queues w for the rounds, starting their run if none is under way, and returns once a
 // round closed w or ctx ended (then w is closed); w's fields are read under s.mu.
 func (s *Set) await(ctx context.Context, w *waiter) {
-	w.done = make(chan struct{})
 	w.deadline, _ = ctx.Deadline()
 	if w.deadline.IsZero() {
 		w.deadline = time.Now().Add(time.Minute)
 	}
-	s.mu.Lock()
-	s.waiting = append(s.waiting, w)
-	if !s.running {
-		s.running = true
-		go s.run()
-	}
-	s.mu.Unlock()
+	s.queue(w)
 	select {
 	case <-w.done:
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	s.close(w)
+	s.mu.Unlock()
+}
+
+// queue queues w, whose deadline is set, for the rounds, starting their run if none is under
+// way.
+func (s *Set) queue(w *waiter) {
+	w.done = make(chan struct{})
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
 	s.mu.Unlock()
 }
 
