@@ -54,9 +54,12 @@ func TestTheOwnersPhaseFillsTheSpaceAndAnotherOwnersEndStillRevokes(t *testing.T
 	if o == nil || o.Capacity != 30 || o.Quota != 4 {
 		t.Fatalf("the owners phase: %+v; want a space of 30 and a quota of 4", o)
 	}
-	if o.Live != 30 || o.Prepares+1+o.Listed != 30 || o.In < 6 || o.Refused["resource-exhausted"] < 1 {
+	if o.Live != 30 || o.Prepares+1+o.Listed != 30 || o.In < 6 || o.Refused["resource-exhausted: capacity"] < 1 {
 		t.Errorf("the fill: %d live, %d registered by %d owners (%s), %d listed of refused prepares, refused %v; want the space's 30, at least 6 owners in, and refusals past it",
 			o.Live, o.Prepares, o.In, bench.HeldText(o.Held), o.Listed, o.Refused)
+	}
+	if o.Listed > 0 && (o.ListedS < 0 || o.ListedS > 60) {
+		t.Errorf("%d keys of prepares refused after their key was listed were still listed %.1f s after the owners stopped (-1: 3 min); want them taken off at once, not by the sweep", o.Listed, o.ListedS)
 	}
 	for n := range o.Held {
 		if n > o.Quota {

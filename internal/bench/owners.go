@@ -7,20 +7,22 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/ledger"
 )
 
 // Owners is the owners phase: Owners owners, each with its own principal and connection, each
 // tries to register as many manager instances as its quota allows and one more (first
-// prepares, OwnersAtOnce owners at a time, each with PreparesPerOwner in flight, an owner
-// stopping at its first refusal). Then one more owner's instance, supervised and registered
-// before the fill, is ended.
+// prepares, PreparesPerOwner in flight, an owner stopping at its first resource-exhausted and
+// going on past an unanswered or unavailable one). Then one more owner's instance, supervised
+// and registered before the fill, is ended.
 type Owners struct {
 	Owners int `json:"owners"`
 	// Quota is each owner's --max-instances-per-owner; Capacity the space's.
@@ -35,7 +37,7 @@ type Owners struct {
 	In   int         `json:"owners_in"`
 	Held map[int]int `json:"held"`
 	// Prepares counts the prepares that registered an instance; Refused the others by code
-	// ("error" for no answer).
+	// ("error" for no answer), resource-exhausted told apart as "…: quota" and "…: capacity".
 	Prepares int            `json:"prepares"`
 	Refused  map[string]int `json:"refused"`
 	// FullS is when the last prepare that registered an instance answered, AllS when every
@@ -56,12 +58,10 @@ type Owners struct {
 	CredsRefused bool    `json:"ended_credential_refused"`
 }
 
-// Concurrency of the fill: OwnersAtOnce owners at a time, each with PreparesPerOwner first
-// prepares in flight (within an owner's MaxPending).
-const (
-	OwnersAtOnce     = 32
-	PreparesPerOwner = 8
-)
+// PreparesPerOwner is how many first prepares each owner of the fill has in flight (within an
+// owner's MaxPending); cfg.Workers / PreparesPerOwner owners fill at a time, so that the
+// plane's workers answer every prepare in flight at once.
+const PreparesPerOwner = 8
 
 // runOwners runs the owners phase.
 func runOwners(ctx context.Context, t Target, s *side, cfg Config, progress io.Writer) (*Owners, error) {
@@ -97,7 +97,7 @@ func runOwners(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 	start := time.Now()
 	var full time.Duration
 	held := make([]int, cfg.Owners)
-	owners := make(chan struct{}, OwnersAtOnce)
+	owners := make(chan struct{}, max(cfg.Workers/PreparesPerOwner, 1))
 	for i, q := range reqs {
 		owners <- struct{}{}
 		wg.Go(func() {
@@ -128,7 +128,7 @@ func runOwners(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 							out.Refused[code]++
 						}
 						mu.Unlock()
-						if code != "" {
+						if strings.HasPrefix(code, string(fault.ResourceExhausted)) {
 							stop.Do(func() { close(stopped) })
 						}
 					}
@@ -217,10 +217,18 @@ func firstPrepare(ctx context.Context, cli *client.Client) string {
 	if _, err = cli.Prepare(rctx, m); err == nil {
 		return ""
 	}
-	if code := client.CodeOf(err); code != "" {
-		return code
+	var r *client.Refusal
+	switch {
+	case !errors.As(err, &r):
+		return "error"
+	case r.Code != string(fault.ResourceExhausted):
+		return r.Code
+	case strings.Contains(r.Message, "--max-instances-per-owner"):
+		return r.Code + ": quota"
+	case strings.Contains(r.Message, "manager instances, as many as"):
+		return r.Code + ": capacity"
 	}
-	return "error"
+	return r.Code
 }
 
 // HeldText is held as "64×206, 0×794": instances × owners holding that many, most first.
