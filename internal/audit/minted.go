@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/cotal-ai/authplane/internal/body"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -79,7 +78,7 @@ func (w *Writer) MintedKeys(ctx context.Context, iid string) ([]string, error) {
 	keys := []string{}
 	for _, r := range records {
 		var m Minted
-		if err := rows.Decode(r.Data, &m, MaxMintedRecord); err != nil {
+		if err := body.DecodeRow(r.Data, &m, MaxMintedRecord); err != nil {
 			return nil, fmt.Errorf("the minted record on %s: %w", r.Subject, err)
 		}
 		for _, c := range m.Credentials {

@@ -23,9 +23,9 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
-	"github.com/cotal-ai/authplane/internal/rows"
 )
 
 // Bounds of bearers and keys.
@@ -112,7 +112,7 @@ const maxKeySetRow = 256 << 10
 
 func parseSet(data []byte) (keySet, error) {
 	var s keySet
-	if err := rows.Decode(data, &s, maxKeySetRow); err != nil {
+	if err := body.DecodeRow(data, &s, maxKeySetRow); err != nil {
 		return keySet{}, err
 	}
 	if s.V != 1 || !slices.ContainsFunc(s.Keys, func(k stored) bool { return k.KID == s.Active && k.Stopped == 0 }) {

@@ -39,29 +39,20 @@ func make64(c byte) []byte {
 }
 
 // BenchmarkDecode decodes a renew body as the plane does, its kind first (Peek) and then the
-// closed parse, with the one-pass decoder and, side by side, the four-pass reference it
-// replaced:
+// closed parse:
 //
 //	go test -run '^$' -bench Decode ./internal/body
 func BenchmarkDecode(b *testing.B) {
 	data := renewal(b)
-	for _, bc := range []struct {
-		name   string
-		peek   func([]byte, string) (string, error)
-		decode func([]byte, any) error
-	}{{"one-pass", Peek, Decode}, {"four-pass-reference", refPeek, refDecode}} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.SetBytes(int64(len(data)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := bc.peek(data, "kind"); err != nil {
-					b.Fatal(err)
-				}
-				var r client.ServiceAuthority
-				if err := bc.decode(data, &r); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Peek(data, "kind"); err != nil {
+			b.Fatal(err)
+		}
+		var r client.ServiceAuthority
+		if err := Decode(data, &r); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

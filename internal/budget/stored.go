@@ -5,9 +5,9 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -66,7 +66,7 @@ const maxBucketRow = 256
 func (s *Stored) fence(name string) *fence.Fence[bucketRow] {
 	return fence.New(s.KV, subjects.BudgetKey(s.Budget, name), func(data []byte) (bucketRow, error) {
 		var r bucketRow
-		if err := rows.Decode(data, &r, maxBucketRow); err != nil {
+		if err := body.DecodeRow(data, &r, maxBucketRow); err != nil {
 			return bucketRow{}, err
 		}
 		if r.V != 1 || r.Tokens < 0 {

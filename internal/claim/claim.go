@@ -12,8 +12,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -84,7 +84,7 @@ const MaxRow = 512
 func of(kv fence.KV, nkey string) *fence.Fence[row] {
 	return fence.New(kv, subjects.NKeyClaimKey(nkey), func(data []byte) (row, error) {
 		var c row
-		if err := rows.Decode(data, &c, MaxRow); err != nil {
+		if err := body.DecodeRow(data, &c, MaxRow); err != nil {
 			return row{}, err
 		}
 		if c.V != 1 || c.NKey != nkey || !subjects.ValidUID(c.InstanceID) {

@@ -11,10 +11,10 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -88,7 +88,7 @@ const MaxRow = 4 << 10
 // Parse decodes and checks a stored row.
 func Parse(data []byte) (Row, error) {
 	var r Row
-	if err := rows.Decode(data, &r, MaxRow); err != nil {
+	if err := body.DecodeRow(data, &r, MaxRow); err != nil {
 		return Row{}, err
 	}
 	switch {

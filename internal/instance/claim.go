@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -58,7 +58,7 @@ func identityFence(kv fence.KV, space, name string) *fence.Fence[record] {
 func recordFence(kv fence.KV, key, space, name string) *fence.Fence[record] {
 	return fence.New(kv, key, func(data []byte) (record, error) {
 		var r record
-		if err := rows.Decode(data, &r, maxRecord); err != nil {
+		if err := body.DecodeRow(data, &r, maxRecord); err != nil {
 			return record{}, err
 		}
 		if r.Ver != 1 || r.Space != space || r.Name != name || !subjects.ValidUID(r.InstanceID) {

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -51,7 +51,7 @@ const MaxRow = 4 << 10
 func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 	return fence.New(kv, subjects.ActorKey(owner, actor), func(data []byte) (Row, error) {
 		var r Row
-		if err := rows.Decode(data, &r, MaxRow); err != nil {
+		if err := body.DecodeRow(data, &r, MaxRow); err != nil {
 			return Row{}, err
 		}
 		// A row without its scope list would read as no scope but could not be written

@@ -8,13 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -58,7 +58,7 @@ type pending struct {
 func instancesOf(kv fence.KV, owner string) *fence.Fence[instances] {
 	return fence.New(kv, subjects.InstancesKey(owner), func(data []byte) (instances, error) {
 		var r instances
-		if err := rows.Decode(data, &r, maxInstancesRow); err != nil {
+		if err := body.DecodeRow(data, &r, maxInstancesRow); err != nil {
 			return instances{}, err
 		}
 		if r.V != 1 || r.Owner != owner || r.IDs == nil || !slices.IsSorted(r.IDs) { // a nil list could not be written back

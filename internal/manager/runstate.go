@@ -7,11 +7,11 @@ import (
 	"fmt"
 
 	"github.com/cotal-ai/authplane/client"
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -83,7 +83,7 @@ func (a *admission) reply() client.Admission {
 // parseAdmission decodes and checks a stored admission of runID.
 func parseAdmission(data []byte, runID string) (*admission, error) {
 	var a admission
-	if err := rows.Decode(data, &a, maxRunRow); err != nil {
+	if err := body.DecodeRow(data, &a, maxRunRow); err != nil {
 		return nil, err
 	}
 	if a.Version != 1 || a.RunID != runID {
@@ -120,7 +120,7 @@ func (f runFence) hold() client.RunHold {
 func (e *Engine) runFenceOf(runID string) *fence.Fence[runFence] {
 	return fence.New(e.Gates, subjects.RunFenceKey(runID), func(data []byte) (runFence, error) {
 		var f runFence
-		if err := rows.Decode(data, &f, maxRunRow); err != nil {
+		if err := body.DecodeRow(data, &f, maxRunRow); err != nil {
 			return runFence{}, err
 		}
 		if f.V != 1 || f.RunID != runID || f.Nonce == "" {
@@ -230,7 +230,7 @@ func (e *Engine) refuseRevoked(ctx context.Context, runID string) error {
 func (e *Engine) runStatusOf(runID string) *fence.Fence[status] {
 	return fence.New(e.Statuses, subjects.RunStatusKey(runID), func(data []byte) (status, error) {
 		var s status
-		if err := rows.Decode(data, &s, maxRunRow); err != nil {
+		if err := body.DecodeRow(data, &s, maxRunRow); err != nil {
 			return status{}, err
 		}
 		if s.V != 1 || !validState(s.State) {

@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -140,7 +140,7 @@ func (k *Keys) Load(ctx context.Context, gen uint64) error {
 
 func parseGen(data []byte) (genRow, error) {
 	var r genRow
-	if err := rows.Decode(data, &r, 4<<10); err != nil {
+	if err := body.DecodeRow(data, &r, 4<<10); err != nil {
 		return genRow{}, err
 	}
 	if r.V != 1 || !strings.HasPrefix(r.Seed, "SA") {

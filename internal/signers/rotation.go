@@ -10,12 +10,12 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -138,7 +138,7 @@ func (r *Rotation) fence() *fence.Fence[rotRow] {
 		// what the row held when it began.
 		r.row = fence.New(fence.Share(r.Set.Gates), subjects.RotationKey(account), func(data []byte) (rotRow, error) {
 			var row rotRow
-			if err := rows.Decode(data, &row, 4<<10); err != nil {
+			if err := body.DecodeRow(data, &row, 4<<10); err != nil {
 				return rotRow{}, err
 			}
 			if row.V != 1 || row.Account != account || (row.Op != nil && (steps[row.Op.Kind] == nil || !slices.Contains(steps[row.Op.Kind], row.Op.Step))) {

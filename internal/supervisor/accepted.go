@@ -9,11 +9,11 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -36,7 +36,7 @@ const maxAcceptedRow = 4 << 10
 
 func parseAccepted(data []byte) (accepted, error) {
 	var a accepted
-	if err := rows.Decode(data, &a, maxAcceptedRow); err != nil {
+	if err := body.DecodeRow(data, &a, maxAcceptedRow); err != nil {
 		return accepted{}, err
 	}
 	if a.Version != 1 || a.Ref.Generation == "" {

@@ -16,7 +16,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -61,7 +60,7 @@ const maxAssignmentRow = 4 << 10
 // parseAssignment decodes and checks a stored assignment.
 func parseAssignment(data []byte) (Assignment, error) {
 	var a Assignment
-	if err := rows.Decode(data, &a, maxAssignmentRow); err != nil {
+	if err := body.DecodeRow(data, &a, maxAssignmentRow); err != nil {
 		return Assignment{}, err
 	}
 	switch {

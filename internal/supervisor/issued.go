@@ -11,10 +11,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/ids"
-	"github.com/cotal-ai/authplane/internal/rows"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -97,7 +97,7 @@ const (
 
 func parseEvidence(data []byte) (Evidence, error) {
 	var e Evidence
-	if err := rows.Decode(data, &e, maxEvidenceRow); err != nil {
+	if err := body.DecodeRow(data, &e, maxEvidenceRow); err != nil {
 		return Evidence{}, err
 	}
 	if e.Version != 1 || e.Ref.Generation == "" || e.Key == "" || e.ExpiresAt <= 0 || len(e.Sources) != 0 {
@@ -108,7 +108,7 @@ func parseEvidence(data []byte) (Evidence, error) {
 
 func parseAttempt(data []byte) (attempt, error) {
 	var a attempt
-	if err := rows.Decode(data, &a, maxAttemptRow); err != nil {
+	if err := body.DecodeRow(data, &a, maxAttemptRow); err != nil {
 		return attempt{}, err
 	}
 	if a.Version != 1 || !slices.Contains([]string{Prepared, Active, Aborted, Revoked}, a.State) || a.Nonce == "" {
