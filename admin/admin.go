@@ -23,7 +23,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/files"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/instance"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
@@ -209,7 +208,7 @@ func RecordCreds(ctx context.Context, m *space.Keys, natsURL string, c IssuedCre
 	cred := audit.Credential{Duty: string(c.Role), NKey: c.NKey, Exp: c.Exp.Unix()}
 	// A caller's key belongs to no manager instance: its record is filed under none
 	// (subjects.NoInstance), and no end revokes it.
-	if err := w.Minted(ctx, "", req, []audit.Credential{cred}, ids.Secret(12)); err != nil {
+	if err := w.Minted(ctx, "", req, []audit.Credential{cred}, subjects.NewSecret(12)); err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			return fmt.Errorf("%w: no minted stream on %s: start the plane against this broker once first", err, broker.RedactURL(natsURL))
 		}
@@ -361,7 +360,7 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 	identities := m.Identities
 	body, err := json.Marshal(client.ServiceAuthority{Operation: client.OpPrepare, Envelope: client.Envelope{
 		V: 1, Kind: client.KindServiceAuthority, Space: spaceName, Actor: actor,
-		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
+		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: subjects.NewRequestID(),
 		Identities: &identities,
 	}})
 	if err != nil {

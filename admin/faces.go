@@ -15,7 +15,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/idp"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -47,7 +46,7 @@ func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) 
 		return "", ledger.Row{}, err
 	}
 	defer done()
-	secret = ids.Secret(32)
+	secret = subjects.NewSecret(32)
 	sum := sha256.Sum256([]byte(secret))
 	row, err = ledger.SetAgentSecret(ctx, kv, owner, actor, hex.EncodeToString(sum[:]), time.Now())
 	return secret, row, err

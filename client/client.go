@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -179,7 +178,7 @@ type Manager struct {
 // NewManager returns a fresh manager: a new instance id and lifecycle uid, and five duty nkeys
 // it generated, whose seeds stay with the caller.
 func NewManager() (Manager, map[subjects.Duty]nkeys.KeyPair, error) {
-	m := Manager{InstanceID: ids.UID(), LifecycleUID: ids.UID()}
+	m := Manager{InstanceID: subjects.NewUID(), LifecycleUID: subjects.NewUID()}
 	keys := map[subjects.Duty]nkeys.KeyPair{}
 	set := map[subjects.Duty]*Identity{
 		subjects.DutySupervisor: &m.Identities.Supervisor, subjects.DutyExecutor: &m.Identities.Executor,
@@ -206,7 +205,7 @@ func (c *Client) Envelope(kind string, m Manager) Envelope {
 	identities := m.Identities
 	return Envelope{
 		V: 1, Kind: kind, Space: c.space, Actor: c.actor,
-		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(),
+		InstanceID: m.InstanceID, ManagerLifecycleUID: m.LifecycleUID, RequestID: subjects.NewRequestID(),
 		Identities: &identities,
 	}
 }
@@ -272,7 +271,7 @@ func (c *Client) RenewStandingBundle(ctx context.Context, m Manager, r Renewal) 
 }
 
 // NewRunID returns a fresh run id: `run-` and 32 lowercase hex.
-func NewRunID() string { return "run-" + ids.Secret(16) }
+func NewRunID() string { return "run-" + subjects.NewSecret(16) }
 
 // Admit asks the plane to admit run runID, started by the run-start subject a caller
 // published, to m.

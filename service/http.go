@@ -18,7 +18,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/bearer"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/idp"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -36,7 +35,7 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 	h := &handlers.HTTP{
 		Space: cfg.Space, Guard: d.guard, Timeout: cfg.RequestTimeout, Health: p.healthy, Keys: keys,
 		OwnerSecret: p.keys.OwnerSecret, Ledger: p.stores.Actors, Manager: d.fns[subjects.EndpointManagerAuthority],
-		Cap: ids.Secret(32), TrustedProxy: cfg.TrustedProxy, PeerInFlight: cfg.PublicPeerInFlight, LoopbackInFlight: cfg.LoopbackInFlight,
+		Cap: subjects.NewSecret(32), TrustedProxy: cfg.TrustedProxy, PeerInFlight: cfg.PublicPeerInFlight, LoopbackInFlight: cfg.LoopbackInFlight,
 		BodyTimeout: cfg.HTTPBodyTimeout, PProf: cfg.PProf, Log: p.log.With("face", "http"), Now: cfg.Now,
 		Metrics: p.metrics.Handler(), Records: d.records, Unsynced: p.unsyncedServers,
 	}

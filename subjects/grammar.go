@@ -1,7 +1,12 @@
 package subjects
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"math/big"
 	"regexp"
+	"strings"
 
 	"github.com/nats-io/nkeys"
 )
@@ -71,4 +76,29 @@ func canonical(prefix nkeys.PrefixByte, s string) bool {
 	}
 	again, err := nkeys.Encode(prefix, raw)
 	return err == nil && string(again) == s
+}
+
+// NewUID returns a fresh instance id or lifecycle uid: 26 base36 characters from 20 random
+// bytes, at least 128 bits of entropy.
+func NewUID() string {
+	s := new(big.Int).SetBytes(random(20)).Text(36)
+	return strings.Repeat("0", max(0, 26-len(s))) + s[max(0, len(s)-32):]
+}
+
+// NewRequestID returns a fresh request id: 24 base64url characters (144 bits).
+func NewRequestID() string { return base64.RawURLEncoding.EncodeToString(random(18)) }
+
+// NewNonce returns a fresh writer-unique nonce for a state-changing write: 32 hex characters.
+func NewNonce() string { return hex.EncodeToString(random(16)) }
+
+// NewSecret returns n fresh random bytes as hex, for capabilities and message ids.
+func NewSecret(n int) string { return hex.EncodeToString(random(n)) }
+
+// random returns n bytes from crypto/rand, which never fails on a supported platform.
+func random(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("subjects: crypto/rand failed: " + err.Error())
+	}
+	return b
 }

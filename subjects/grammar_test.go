@@ -46,3 +46,25 @@ func TestOnlyTheCanonicalSpellingOfAnNKeyIsValid(t *testing.T) {
 		})
 	}
 }
+
+func TestNewIdentifiersKeepTheirGrammarAndDoNotRepeat(t *testing.T) {
+	seen := map[string]bool{}
+	for range 2000 {
+		uid, rid, nonce, secret := NewUID(), NewRequestID(), NewNonce(), NewSecret(12)
+		if !ValidUID(uid) {
+			t.Fatalf("NewUID %q: want [a-z0-9]{26,32}", uid)
+		}
+		if !ValidRequestID(rid) {
+			t.Fatalf("NewRequestID %q: want [A-Za-z0-9_-]{22,64}", rid)
+		}
+		if len(nonce) != 32 || len(secret) != 24 {
+			t.Fatalf("NewNonce %q, NewSecret(12) %q: want 32 and 24 hex characters", nonce, secret)
+		}
+		for _, s := range []string{uid, rid, nonce, secret} {
+			if seen[s] {
+				t.Fatalf("%q came twice", s)
+			}
+			seen[s] = true
+		}
+	}
+}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/subjects"
 )
 
 // dockerUser returns the USER of the Dockerfile's last stage.
@@ -64,7 +64,7 @@ func TestTheImageBuildsWhereADockerEngineRuns(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tag := "authplane-test:" + ids.UID()
+	tag := "authplane-test:" + subjects.NewUID()
 	if out, err := harness.CombinedOutput(exec.CommandContext(ctx, "docker", "build", "-t", tag, repoRoot)); err != nil {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}

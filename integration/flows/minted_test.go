@@ -13,7 +13,6 @@ import (
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -124,7 +123,7 @@ func TestAnEndRevokesTheKeysOfEveryMintedRecordOfItsInstance(t *testing.T) {
 		for i, key := range set {
 			creds[i] = audit.Credential{Duty: string(subjects.DutySupervisor), NKey: key, Exp: time.Now().Add(time.Hour).Unix()}
 		}
-		if err := w.Minted(harness.CallCtx(t), s.M.Iid, req, creds, ids.Secret(12)); err != nil {
+		if err := w.Minted(harness.CallCtx(t), s.M.Iid, req, creds, subjects.NewSecret(12)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -161,7 +160,7 @@ func TestMintedKeysReadsTheUnionFromJetStream(t *testing.T) {
 		pub, _ := kp.PublicKey()
 		k = append(k, pub)
 	}
-	iid, other := ids.UID(), ids.UID()
+	iid, other := subjects.NewUID(), subjects.NewUID()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i, rec := range []struct {
@@ -172,7 +171,7 @@ func TestMintedKeysReadsTheUnionFromJetStream(t *testing.T) {
 		for j, key := range rec.keys {
 			creds[j] = audit.Credential{Duty: "supervisor", NKey: key, Exp: int64(i)}
 		}
-		if err := w.Minted(ctx, rec.iid, audit.Request{Endpoint: "e", Caller: "c"}, creds, ids.Secret(12)); err != nil {
+		if err := w.Minted(ctx, rec.iid, audit.Request{Endpoint: "e", Caller: "c"}, creds, subjects.NewSecret(12)); err != nil {
 			t.Fatal(err)
 		}
 	}

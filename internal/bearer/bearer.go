@@ -25,7 +25,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
+	"github.com/cotal-ai/authplane/subjects"
 )
 
 // Bounds of bearers and keys.
@@ -76,7 +76,7 @@ type Keys struct {
 // changed (see parsed).
 func New(kv fence.KV, now func() time.Time) *Keys {
 	p := &parsed{}
-	return &Keys{now: now, set: fence.New(fence.Share(kv), setKey, p.parse, func(s *keySet) { s.Nonce = ids.Nonce() })}
+	return &Keys{now: now, set: fence.New(fence.Share(kv), setKey, p.parse, func(s *keySet) { s.Nonce = subjects.NewNonce() })}
 }
 
 // parsed is parseSet with its last result kept: decoding a set is a JSON decode, an Ed25519

@@ -12,7 +12,6 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/idp"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -103,7 +102,7 @@ func (k *Keys) Issue(ctx context.Context, space string, c Claims, ttl time.Durat
 		scope = []string{}
 	}
 	token, err := jwt.Signed(signer).Claims(wire{Iss: subjects.Issuer(space), Aud: space, Sub: c.Owner, Iat: iat.Unix(), Nbf: iat.Unix(),
-		Exp: exp.Unix(), Ver: 1, JTI: ids.Nonce(), Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
+		Exp: exp.Unix(), Ver: 1, JTI: subjects.NewNonce(), Scope: scope, Act: act{Owner: c.Owner, Actor: c.Actor, View: c.View, Agent: c.Agent}}).Serialize()
 	if err != nil {
 		return "", time.Time{}, err
 	}

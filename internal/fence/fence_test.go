@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/subjects"
 )
 
 // row is a fence row as the plane's are: content and a writer-unique nonce.
@@ -34,7 +34,9 @@ func parse(data []byte) (row, error) {
 	return r, nil
 }
 
-func fresh(state string, epoch int) row { return row{State: state, Epoch: epoch, Nonce: ids.Nonce()} }
+func fresh(state string, epoch int) row {
+	return row{State: state, Epoch: epoch, Nonce: subjects.NewNonce()}
+}
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -14,7 +14,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -79,7 +78,7 @@ type Gate = fence.Observed[Row]
 // through it gets a fresh nonce, so every fence write changes the gate's bytes and no mint
 // observed before it can commit after it.
 func Of(kv fence.KV, endpoint, iid string) *fence.Fence[Row] {
-	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse, func(r *Row) { r.Nonce = ids.Nonce() })
+	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse, func(r *Row) { r.Nonce = subjects.NewNonce() })
 }
 
 // MaxRow bounds a stored gate row.

@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 func openRow() Row {
-	return Row{State: Open, Generation: 1, RegistrationRevision: 1, Principal: "u_x.manager_serve_x", Nonce: ids.Nonce()}
+	return Row{State: Open, Generation: 1, RegistrationRevision: 1, Principal: "u_x.manager_serve_x", Nonce: subjects.NewNonce()}
 }
 
 func ctx(t *testing.T) context.Context {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -90,7 +89,7 @@ func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity,
 			return Identity{}, fmt.Errorf("%w: %s holds instance %s but %s has no identity %q: move it there with 'authplane identity migrate'",
 				ErrDisagree, filepath.Join(dir, IdentityFile), file.InstanceID, where(kv), name)
 		}
-		if o, err = put(ctx, f, kv, o, record{Ver: 1, Space: space, Name: name, InstanceID: ids.UID()}); err != nil {
+		if o, err = put(ctx, f, kv, o, record{Ver: 1, Space: space, Name: name, InstanceID: subjects.NewUID()}); err != nil {
 			return Identity{}, err
 		}
 	}

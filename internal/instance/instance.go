@@ -22,7 +22,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/files"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -112,7 +111,7 @@ const IdentityFile = "identity.json"
 func LoadIdentity(dir, space string) (Identity, error) {
 	id, err := ReadIdentity(dir, space)
 	if errors.Is(err, os.ErrNotExist) {
-		return Identity{Ver: 1, Space: space, InstanceID: ids.UID(), Fresh: true}, nil
+		return Identity{Ver: 1, Space: space, InstanceID: subjects.NewUID(), Fresh: true}, nil
 	}
 	return id, err
 }

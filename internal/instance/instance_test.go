@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -23,7 +22,7 @@ func ctx(t *testing.T) context.Context {
 }
 
 func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	for want := uint64(0); want < 3; want++ {
 		g, err := Register(ctx(t), kv, iid, false)
 		if err != nil {
@@ -36,7 +35,7 @@ func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
 }
 
 func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	if _, err := Register(ctx(t), kv, iid, true); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), "epgate.auth."+iid) {
 		t.Fatalf("an identity that registered before, its gate absent: got %v, want ErrLost naming the gate", err)
 	}
@@ -53,7 +52,7 @@ func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
 }
 
 func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	kv.Fault = storetest.FailOnce(true)
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil || g.Row.ProcessEpoch != 0 || kv.Revision() != 1 {
@@ -70,7 +69,7 @@ func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
 }
 
 func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +94,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 }
 
 func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +120,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 }
 
 func TestAnEpochThatMovedBeforeTheWatchFencesAtOnce(t *testing.T) {
-	kv, iid := storetest.New(), ids.UID()
+	kv, iid := storetest.New(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +168,7 @@ func (d deafWatcher) Stop() error { return nil }
 func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
 	kv := &flakyWatcher{KV: storetest.New()}
 	kv.fail.Store(3)
-	iid := ids.UID()
+	iid := subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -332,7 +331,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 	}
 	// Every nkey is on record before its commit, so an end can revoke all of them. If the
 	// records cannot be written, nothing commits.
-	if err := p.Audit.Minted(work, plan.Instance.ID(), plan.Request, recorded, ids.Secret(12)); err != nil {
+	if err := p.Audit.Minted(work, plan.Instance.ID(), plan.Request, recorded, subjects.NewSecret(12)); err != nil {
 		return discard(fault.Store(err, "recording the mint"))
 	}
 	if plan.Hook != nil {

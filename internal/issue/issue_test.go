@@ -18,7 +18,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/store"
@@ -43,7 +42,7 @@ type env struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	acct, signer := newKP(t, nkeys.CreateAccount), newKP(t, nkeys.CreateAccount)
-	e := &env{fences: storetest.New(), records: storetest.NewStream(), now: time.Now(), iid: ids.UID()}
+	e := &env{fences: storetest.New(), records: storetest.NewStream(), now: time.Now(), iid: subjects.NewUID()}
 	clock := func() time.Time { return e.now }
 	iss, err := mint.NewIssuer(pub(t, acct), signer, clock)
 	if err != nil {
@@ -51,7 +50,7 @@ func newEnv(t testing.TB) *env {
 	}
 	e.p = &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), clock), Claims: &claim.Claims{KV: e.fences}, Now: clock}
 	e.first = e.openGate(t, e.iid)
-	e.second = e.openGate(t, ids.UID())
+	e.second = e.openGate(t, subjects.NewUID())
 	return e
 }
 
@@ -107,7 +106,7 @@ func (e *env) plan(t testing.TB) issue.Plan {
 	}
 	return issue.Plan{
 		Instance: claim.MustInstance(owner, e.iid),
-		Request:  audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: ids.RequestID()},
+		Request:  audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: subjects.NewRequestID()},
 		Grants:   grants,
 		Steps:    []issue.Step{issue.Unchanged(e.first), issue.Unchanged(e.second)},
 	}
@@ -420,7 +419,7 @@ func TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned(t *testing.T) {
 func TestAKeyAnotherInstanceClaimedIsRefusedBeforeSigningAndANewOneIsClaimedInTheCommit(t *testing.T) {
 	e := newEnv(t)
 	other := e.plan(t)
-	other.Instance = claim.MustInstance(owner, ids.UID())
+	other.Instance = claim.MustInstance(owner, subjects.NewUID())
 	if err := e.p.Claims.Take(ctx(t), other.Instance, []string{other.Grants[0].Key}); err != nil {
 		t.Fatal(err)
 	}

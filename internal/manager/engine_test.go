@@ -19,7 +19,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/mint"
@@ -248,7 +247,7 @@ func TestPrepareRetriesAFirstCreateOfUnknownOutcome(t *testing.T) {
 
 // newInstance points env at a fresh instance with fresh keys, for tests that register several.
 func (env *engineEnv) newInstance(t *testing.T) {
-	env.iid, env.ids = ids.UID(), identities(t)
+	env.iid, env.ids = subjects.NewUID(), identities(t)
 }
 
 func TestAnOwnerAtItsQuotaCannotRegisterAnotherInstance(t *testing.T) {
@@ -339,10 +338,10 @@ func TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota(t *testing.T)
 	row := instances{V: 1, Owner: testOwner, IDs: []string{}, Pending: []pending{}}
 	lapsed := time.Now().Add(-time.Hour).UnixMilli() // their registrations committed long ago
 	for i := range MaxInstancesPerOwner {
-		iid := ids.UID()
+		iid := subjects.NewUID()
 		row.IDs = append(row.IDs, iid)
 		if i < MaxPending {
-			row.Pending = append(row.Pending, pending{InstanceID: iid, Token: ids.Nonce(), Until: lapsed})
+			row.Pending = append(row.Pending, pending{InstanceID: iid, Token: subjects.NewNonce(), Until: lapsed})
 		}
 		g, err := gate.Of(env.gates, subjects.GateEndpointManager, iid).Observe(ctx(t))
 		if err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -102,7 +101,7 @@ func (e *Engine) checkQuota(ctx context.Context, owner string) error {
 // list it reads.
 func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 	f := instancesOf(e.Gates, owner)
-	mine := pending{InstanceID: iid, Token: ids.Nonce(), Until: e.until(ctx)}
+	mine := pending{InstanceID: iid, Token: subjects.NewNonce(), Until: e.until(ctx)}
 	return issue.Step{
 		Fence: f.Key(),
 		Commit: func(ctx context.Context) (uint64, error) {

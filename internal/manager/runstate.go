@@ -10,7 +10,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -127,7 +126,7 @@ func (e *Engine) runFenceOf(runID string) *fence.Fence[runFence] {
 			return runFence{}, errors.New("not a version 1 run fence of this run")
 		}
 		return f, nil
-	}, func(f *runFence) { f.Nonce = ids.Nonce() })
+	}, func(f *runFence) { f.Nonce = subjects.NewNonce() })
 }
 
 // observeRunFence reads a run's fence.

@@ -14,7 +14,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/supervisor"
@@ -218,7 +217,7 @@ func (w *world) prepare(pl, si int, sup bool, change int, hostile bool, duty sub
 	switch change {
 	case 1:
 		if lc == nil {
-			m.LifecycleUID = ids.UID()
+			m.LifecycleUID = subjects.NewUID()
 		}
 	case 2:
 		fresh := freshManager()
@@ -361,7 +360,7 @@ func (w *world) admit(pl, si int) {
 	}
 	runID := client.NewRunID()
 	subject := subjects.RunStart{Space: testSpace, Route: subjects.RouteOne, Owner: s.owner, Actor: cliActor,
-		UID: ids.UID(), Generation: "1", Nonce: ids.Secret(12)}.Subject()
+		UID: subjects.NewUID(), Generation: "1", Nonce: subjects.NewSecret(12)}.Subject()
 	body := client.RunAdmission{Envelope: envelope(client.KindRunAdmission, cliActor, m, r), Run: client.RunStart{RunID: runID, Subject: subject}}
 	ctx, cancel := opContext()
 	defer cancel()
@@ -436,7 +435,7 @@ func (w *world) attempt(pl, si, ri, keys int, own bool, victim, pick int, stale 
 		caller.Actor = subjects.SupervisorActor(m.InstanceID)
 	}
 	body := client.RunAttempt{Envelope: envelope(client.KindRunAttempt, caller.Actor, m, r), Attempt: client.Attempt{
-		RunID: rn.id, TakeoverID: ids.Secret(8), Epoch: epoch, FencingToken: token, DriverID: driver, MediatorID: mediator}}
+		RunID: rn.id, TakeoverID: subjects.NewSecret(8), Epoch: epoch, FencingToken: token, DriverID: driver, MediatorID: mediator}}
 	ctx, cancel := opContext()
 	defer cancel()
 	rm, _, err := w.plane(pl).engine.Attempt(ctx, caller, audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: caller.String()}, mustJSON(body))
@@ -483,7 +482,7 @@ func (w *world) assign(pl, si int, newUID bool, ttl time.Duration) (*lifecycle, 
 	s, m, _, _ := w.snapshot(si)
 	uid := m.LifecycleUID
 	if newUID {
-		uid = ids.UID()
+		uid = subjects.NewUID()
 	}
 	body := client.Assign{V: 1, Kind: client.KindAssign, Owner: s.owner, InstanceID: m.InstanceID, LifecycleUID: uid, ExpiresAt: time.Now().Add(ttl).Unix()}
 	ctx, cancel := opContext()

@@ -21,7 +21,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/manager"
@@ -385,7 +384,7 @@ type failer interface {
 func envelope(kind, actor string, m client.Manager, r *client.Renewal) client.Envelope {
 	identities := m.Identities
 	env := client.Envelope{V: 1, Kind: kind, Space: testSpace, Actor: actor, InstanceID: m.InstanceID,
-		ManagerLifecycleUID: m.LifecycleUID, RequestID: ids.RequestID(), Identities: &identities}
+		ManagerLifecycleUID: m.LifecycleUID, RequestID: subjects.NewRequestID(), Identities: &identities}
 	if r != nil {
 		proof, account, epoch := r.Proof, r.Account, r.Epoch
 		env.RegistrationProof, env.AccountPublicKey, env.ProcessEpoch = &proof, &account, &epoch

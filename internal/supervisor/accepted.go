@@ -12,7 +12,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -135,7 +134,7 @@ func (s *Supervisor) record(ctx context.Context, l lifecycle, d subjects.Duty, c
 	if o != nil {
 		return s.confirm(ctx, l, o.Row.Ref, c)
 	}
-	ref := Ref{Space: s.Space, Owner: l.owner, Actor: subjects.DutyActor(d, l.iid, ""), UID: l.uid, Generation: ids.Secret(16)}
+	ref := Ref{Space: s.Space, Owner: l.owner, Actor: subjects.DutyActor(d, l.iid, ""), UID: l.uid, Generation: subjects.NewSecret(16)}
 	staged, err := s.Stage(ctx, Evidence{Ref: ref, Ceiling: c})
 	if err != nil {
 		return fault.Store(err, "staging the %s generation of instance %s", d, l.iid)

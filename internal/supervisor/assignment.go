@@ -13,7 +13,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/manager"
 	"github.com/cotal-ai/authplane/subjects"
@@ -79,7 +78,7 @@ func (a Assignment) over() bool { return a.State != StateAssigned }
 
 // assignmentOf is the fence of owner's assignment in the platform bucket.
 func (s *Supervisor) assignmentOf(owner string) *fence.Fence[Assignment] {
-	return fence.New(s.Platform, subjects.AssignmentKey(owner), parseAssignment, func(a *Assignment) { a.Nonce = ids.Nonce() })
+	return fence.New(s.Platform, subjects.AssignmentKey(owner), parseAssignment, func(a *Assignment) { a.Nonce = subjects.NewNonce() })
 }
 
 // observedAssignment is an assignment as read: the row and its revision.

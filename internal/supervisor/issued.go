@@ -14,7 +14,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -123,7 +122,7 @@ func (s *Supervisor) evidenceOf(ref Ref) *fence.Fence[Evidence] {
 }
 
 func (s *Supervisor) attemptOf(ref Ref) *fence.Fence[attempt] {
-	return fence.New(s.Issued, subjects.AttemptKey(ref.key()), parseAttempt, func(a *attempt) { a.Nonce = ids.Nonce() })
+	return fence.New(s.Issued, subjects.AttemptKey(ref.key()), parseAttempt, func(a *attempt) { a.Nonce = subjects.NewNonce() })
 }
 
 // digest is the attempt's digest of evidence as stored.
