@@ -12,7 +12,6 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/fence"
 	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/ledger"
 	"github.com/cotal-ai/authplane/internal/signers"
 	"github.com/cotal-ai/authplane/internal/space"
@@ -111,7 +110,7 @@ func fillSet(ctx context.Context, t Target, s *side, fill int) error {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			iid := ids.Secret(16)
+			iid := subjects.NewSecret(16)
 			row := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(newOwner(), subjects.ServeActor(iid))}
 			if _, errs[i] = gate.Of(gates, subjects.GateEndpointManager, iid).Update(rctx, func(*gate.Gate) (gate.Row, error) { return row, nil }); errs[i] != nil {
 				return

@@ -7,7 +7,6 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -73,7 +72,7 @@ func (s *Stored) fence(name string) *fence.Fence[bucketRow] {
 			return bucketRow{}, errors.New("not a version 1 token bucket")
 		}
 		return r, nil
-	}, func(r *bucketRow) { r.Nonce = ids.Nonce() })
+	}, func(r *bucketRow) { r.Nonce = subjects.NewNonce() })
 }
 
 // Take takes n tokens from name's bucket, all or none, and reports whether it had them; an

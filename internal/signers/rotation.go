@@ -14,7 +14,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -145,7 +144,7 @@ func (r *Rotation) fence() *fence.Fence[rotRow] {
 				return rotRow{}, errors.New("not a version 1 rotation of this account")
 			}
 			return row, nil
-		}, func(row *rotRow) { row.Nonce = ids.Nonce() })
+		}, func(row *rotRow) { row.Nonce = subjects.NewNonce() })
 	})
 	return r.row
 }
@@ -247,7 +246,7 @@ func (r *Rotation) Begin(ctx context.Context, kind string) (*Report, error) {
 			}
 			to = max(to, op.To+1) // an emergency supersedes a scheduled rotation
 		}
-		row.Op = &rotOp{ID: ids.UID(), Kind: kind, Step: StepBegun, From: row.Current, To: to, Begun: now.Unix(), Longest: int64(r.Longest.Seconds())}
+		row.Op = &rotOp{ID: subjects.NewUID(), Kind: kind, Step: StepBegun, From: row.Current, To: to, Begun: now.Unix(), Longest: int64(r.Longest.Seconds())}
 		return row, nil
 	})
 	if refused != nil {

@@ -35,7 +35,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/ids"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/subjects"
@@ -162,7 +161,7 @@ func (s *Set) fence() *fence.Fence[row] {
 			return row{}, errors.New("not a version 1 signer set of this account")
 		}
 		return r, nil
-	}, func(r *row) { r.Nonce = ids.Nonce() })
+	}, func(r *row) { r.Nonce = subjects.NewNonce() })
 }
 
 // Errors in an Outcome's Cause.
