@@ -15,7 +15,6 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/body"
 	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/logs"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -220,7 +219,7 @@ func (h *endpoint) answer(req micro.Request, reply any, refusal *fault.Error) {
 // each endpoint, so a caller cannot flood the log with them; the count says how many there were.
 func (h *endpoint) drop(why string, attrs ...any) {
 	n := h.dropped.Add(1)
-	if logs.Sparse(n) {
+	if fault.Sparse(n) {
 		h.bus.Log.Warn("dropped request: "+why, append([]any{"endpoint", h.name, "dropped", n}, attrs...)...)
 	}
 }

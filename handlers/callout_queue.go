@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/logs"
+	"github.com/cotal-ai/authplane/internal/fault"
 )
 
 // calloutRequest is a request and when it came.
@@ -80,7 +80,7 @@ func (q *calloutQueue) take(r calloutRequest) {
 		q.waiting = append(q.waiting, r)
 	}
 	q.mu.Unlock()
-	if logs.Sparse(n) { // the 1st, 2nd, 4th, 8th… of a storm
+	if fault.Sparse(n) { // the 1st, 2nd, 4th, 8th… of a storm
 		q.log.Warn("auth callout busy; the oldest waiting connection attempt is left to time out", "in_flight", q.inFlight, "waiting", q.backlog, "dropped", n)
 	}
 }
@@ -141,7 +141,7 @@ func (q *calloutQueue) took(d time.Duration) {
 	if started != nil {
 		go q.work(*started)
 	}
-	if logs.Sparse(cut) {
+	if fault.Sparse(cut) {
 		q.log.Warn("auth callout: decisions are slow (the stores are congested); deciding fewer at once", "took", d, "in_flight", limit)
 	}
 }

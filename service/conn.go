@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/logs"
+	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -75,7 +75,7 @@ func (p *Plane) dialWith(role string, auth nats.Option, reconnected func(), extr
 				// Requests past an endpoint's pending limits are dropped, not buffered
 				// (handlers.PendingMsgs): logged on the 1st, 2nd, 4th, 8th… spell, as a flood
 				// may start one a second on every endpoint.
-				if n := slow.Add(1); logs.Sparse(n) {
+				if n := slow.Add(1); fault.Sparse(n) {
 					log.Warn("requests dropped: they arrive faster than the plane takes them", "subject", subj, "spells", n)
 				}
 				return
@@ -103,7 +103,7 @@ func (p *Plane) connect(log *slog.Logger, opts []nats.Option) (*nats.Conn, error
 			return nc, err
 		}
 		p.setPhase(fmt.Sprintf("connecting to NATS at %s (attempt %d: %v)", broker.RedactURL(p.info.NATSURL), attempt, err))
-		if logs.Sparse(attempt) {
+		if fault.Sparse(attempt) {
 			log.Warn("NATS is not reachable yet; retrying until --connect-timeout", "attempt", attempt, "err", err, "connect_timeout", p.cfg.ConnectTimeout.String())
 		}
 		select {

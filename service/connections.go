@@ -8,7 +8,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/conns"
-	"github.com/cotal-ai/authplane/internal/logs"
+	"github.com/cotal-ai/authplane/internal/fault"
 )
 
 // ReconcileEvery is how often the plane lists the data account's connections to put its count
@@ -127,7 +127,7 @@ func (p *Plane) kick(ctx context.Context, acct broker.Account, k conns.Kick) {
 		return
 	}
 	p.metrics.ConnectionRefused(k.Budget, "kick")
-	if n := p.kicked.Add(1); logs.Sparse(n) {
+	if n := p.kicked.Add(1); fault.Sparse(n) {
 		p.log.Warn("kicked a connection past its budget", "principal", k.Principal, "budget", k.Budget, "kicked", n)
 	}
 }

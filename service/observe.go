@@ -11,7 +11,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/audit"
 	"github.com/cotal-ai/authplane/internal/conns"
 	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/logs"
 	"github.com/cotal-ai/authplane/internal/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -83,7 +82,7 @@ func (t *transportRefusals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t.seen[answer.Code]++
 	n := t.seen[answer.Code]
 	t.mu.Unlock()
-	if logs.Sparse(n) {
+	if fault.Sparse(n) {
 		t.p.log.Info("refused by the HTTP face", "face", t.face, "method", fault.Clip(r.Method, 16), "path", fault.Clip(r.URL.Path, fault.MaxQuote),
 			"status", rec.status, "code", answer.Code, "message", answer.Error, "refused", n)
 	}

@@ -131,6 +131,11 @@ func Clip(s string, n int) string {
 	return s[:cut] + ellipsis
 }
 
+// Sparse reports whether the nth of a run of like events is logged: the 1st, 2nd, 4th, 8th…, so
+// that no caller can flood the log with them (as Clip bounds what one line repeats), and the
+// count each line carries says how many there were.
+func Sparse[N ~int | ~int64 | ~uint64](n N) bool { return n > 0 && n&(n-1) == 0 }
+
 // Quote returns a value a caller sent, as a refusal may repeat it: Go-quoted, at most MaxQuote
 // bytes of it.
 func Quote(s string) string { return strconv.Quote(Clip(s, MaxQuote)) }
