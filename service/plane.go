@@ -301,10 +301,6 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 // Info says where the plane serves and what it is.
 func (p *Plane) Info() Info { return p.info }
 
-// FenceRetries is how many fence writes the plane's stores retried (a lost CAS, an unknown
-// outcome): what its metrics export as authplane_cas_retries_total.
-func (p *Plane) FenceRetries() int64 { return p.stores.Retries.Load() }
-
 // applyAccountPolicy re-signs the plane account's JWT (its exports to auditors) and the data
 // account's (this start's limits, the auditors' imports, the live instances' signing keys) and
 // pushes them to every server as the plane's system user, the exporter first, so a broker that

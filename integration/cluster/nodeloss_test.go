@@ -79,7 +79,7 @@ func TestRenewalsSurviveLosingANodeAndTheMetaLeader(t *testing.T) {
 		l.startRenewer(t, i)
 	}
 	l.startRegistrar(t)
-	l.mark("steady load")
+	l.mark(t, "steady load")
 	l.waitServedAfter(t, time.Now())
 
 	// (a) A server that is not the meta leader: replica one's, unless it has become the leader
@@ -101,9 +101,10 @@ func TestRenewalsSurviveLosingANodeAndTheMetaLeader(t *testing.T) {
 	l.stopNode(t, observer, planes, leader, fmt.Sprintf("stop %s (the meta leader)", c.servers[leader].Name()))
 	l.startNode(t, observer, leader)
 
-	l.mark("steady again")
+	l.mark(t, "steady again")
 	l.waitServedAfter(t, time.Now())
 	l.finish()
+	l.end.retries = l.retries(t) // every requester has stopped: no fence write retries after this
 
 	observer.verify(t, l)
 	l.report(t)
@@ -361,18 +362,18 @@ func (l *nodeLossLoad) startRegistrar(t *testing.T) {
 	}()
 }
 
-// retries counts the fence writes the replicas retried.
-func (l *nodeLossLoad) retries() int64 {
+// retries counts the fence writes the replicas retried, as their metrics export them.
+func (l *nodeLossLoad) retries(t *testing.T) int64 {
 	var n int64
 	for _, p := range l.planes {
-		n += p.FenceRetries()
+		n += int64(harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_cas_retries_total", nil))
 	}
 	return n
 }
 
 // mark begins event name now.
-func (l *nodeLossLoad) mark(name string) loadEvent {
-	ev := loadEvent{name: name, at: time.Now(), unknown: store.Errors.UnknownOutcome.Load(), retries: l.retries()}
+func (l *nodeLossLoad) mark(t *testing.T, name string) loadEvent {
+	ev := loadEvent{name: name, at: time.Now(), unknown: store.Errors.UnknownOutcome.Load(), retries: l.retries(t)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.events = append(l.events, ev)
@@ -387,7 +388,7 @@ func (l *nodeLossLoad) finish() {
 		return
 	}
 	l.ended = time.Now()
-	l.end = loadEvent{name: "end", at: l.ended, unknown: store.Errors.UnknownOutcome.Load(), retries: l.retries()}
+	l.end = loadEvent{name: "end", at: l.ended, unknown: store.Errors.UnknownOutcome.Load()}
 	l.mu.Unlock()
 	close(l.stop)
 	l.wg.Wait()
@@ -441,7 +442,7 @@ func (l *nodeLossLoad) stopNode(t *testing.T, o *clusterObserver, planes []*harn
 	s := l.c.servers[i]
 	on := planeConnsOn(t, s)
 	led := l.c.streamsLedBy(i)
-	ev := l.mark(name)
+	ev := l.mark(t, name)
 	l.c.stop(t, i)
 	t.Logf("%s: stopped in %s; it led %d of the plane's %d streams; plane connections on it: %v",
 		name, time.Since(ev.at).Round(time.Millisecond), len(led), len(l.c.planeStreams()), on)
@@ -496,7 +497,7 @@ func (l *nodeLossLoad) stopNode(t *testing.T, o *clusterObserver, planes []*harn
 // observed is checked.
 func (l *nodeLossLoad) startNode(t *testing.T, o *clusterObserver, i int) {
 	t.Helper()
-	ev := l.mark("start " + l.c.servers[i].Name())
+	ev := l.mark(t, "start "+l.c.servers[i].Name())
 	l.c.start(t, i)
 	l.c.waitFormed(t)
 	l.c.waitCurrent(t, 30*time.Second)

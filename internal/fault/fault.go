@@ -27,7 +27,6 @@ const (
 	NotFound           Code = "not-found"
 	Conflict           Code = "conflict"
 	AlreadyExists      Code = "already-exists"
-	Expired            Code = "expired"
 	FailedPrecondition Code = "failed-precondition"
 	ResourceExhausted  Code = "resource-exhausted"
 	Internal           Code = "internal"
@@ -48,7 +47,7 @@ var wire = map[Code]struct{ numeric, status int }{
 	NotFound:           {404, http.StatusNotFound},
 	Conflict:           {409, http.StatusConflict},
 	AlreadyExists:      {409, http.StatusConflict},
-	Expired:            {410, http.StatusGone},
+	"expired":          {410, http.StatusGone}, // documented in docs/PROTOCOL.md; answered by nothing yet
 	FailedPrecondition: {412, http.StatusPreconditionFailed},
 	ResourceExhausted:  {429, http.StatusTooManyRequests},
 	Internal:           {500, http.StatusInternalServerError},

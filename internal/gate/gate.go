@@ -24,13 +24,9 @@ const (
 	Retired = "retired"
 )
 
-// Op kinds a frozen or retired gate carries.
-const (
-	OpActivation   = "activation"
-	OpTakeover     = "takeover"
-	OpRegistration = "registration"
-	OpRetirement   = "retirement"
-)
+// OpRetirement is the kind of the op a gate retired by this plane carries (a row written
+// elsewhere may carry another kind).
+const OpRetirement = "retirement"
 
 // Row is a gate's stored value (a closed schema: anything else is corruption).
 type Row struct {
