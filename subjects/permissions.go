@@ -77,7 +77,7 @@ func PermissionsOf(d Duty, h Holder) (actor string, g Permissions, err error) {
 	}
 	sp := "cotal." + h.Space
 	g = Permissions{
-		Pub: []string{CallerSubjects(h.Space, h.Owner, actor)},
+		Pub: []string{callerSubjects(h.Space, h.Owner, actor)},
 		Sub: []string{InboxPrefix(h.Owner, actor) + ".>"},
 	}
 	switch d {
@@ -142,8 +142,8 @@ func StorePermissions(space string) Permissions {
 func SystemPermissions(dataAccount, planeAccount string) Permissions {
 	return Permissions{
 		Pub: []string{
-			AccountClaimsUpdate(dataAccount),
-			AccountClaimsUpdate(planeAccount),
+			accountClaimsUpdate(dataAccount),
+			accountClaimsUpdate(planeAccount),
 			AccountClaimsLookup(dataAccount),
 			AccountClaimsLookup(planeAccount),
 			AccountInfo(dataAccount),

@@ -53,8 +53,8 @@ func EndpointSubject(space, endpoint, owner, actor string) string {
 	return AuthPrefix(space) + "." + endpoint + "." + owner + "." + actor
 }
 
-// CallerSubjects is the publish grant that forge-locks a principal to its own plane subjects.
-func CallerSubjects(space, owner, actor string) string {
+// callerSubjects is the publish grant that forge-locks a principal to its own plane subjects.
+func callerSubjects(space, owner, actor string) string {
 	return AuthPrefix(space) + ".*." + owner + "." + actor
 }
 
@@ -195,8 +195,8 @@ func AuditStreamSubjects(space string) string { return "cotal." + space + ".audi
 // The system account's requests the plane makes of the broker (a system-account user sends
 // them; every server of a cluster answers).
 
-// AccountClaimsUpdate pushes an account JWT to every server's resolver.
-func AccountClaimsUpdate(account string) string {
+// accountClaimsUpdate pushes an account JWT to every server's resolver.
+func accountClaimsUpdate(account string) string {
 	return "$SYS.REQ.ACCOUNT." + account + ".CLAIMS.UPDATE"
 }
 

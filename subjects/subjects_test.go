@@ -62,10 +62,10 @@ func TestEndpointSubjectRoundTrips(t *testing.T) {
 		if want := AuthPrefix("default") + "." + EndpointPattern(e); !subjectMatches(want, s) {
 			t.Errorf("endpoint pattern %q does not match its subject %q", want, s)
 		}
-		if !subjectMatches(CallerSubjects("default", testOwner, "cli"), s) {
-			t.Errorf("caller grant %q does not allow its own subject %q", CallerSubjects("default", testOwner, "cli"), s)
+		if !subjectMatches(callerSubjects("default", testOwner, "cli"), s) {
+			t.Errorf("caller grant %q does not allow its own subject %q", callerSubjects("default", testOwner, "cli"), s)
 		}
-		if subjectMatches(CallerSubjects("default", testOwner, "cli"), EndpointSubject("default", e, otherUser, "cli")) {
+		if subjectMatches(callerSubjects("default", testOwner, "cli"), EndpointSubject("default", e, otherUser, "cli")) {
 			t.Errorf("caller grant of %s allows another owner's subject", testOwner)
 		}
 	}
@@ -143,8 +143,8 @@ func TestPermissionsGiveEachDutyOnlyItsOwnPrincipal(t *testing.T) {
 			if len(g.Pub) == 0 || len(g.Sub) == 0 {
 				t.Fatalf("grant %+v: want non-empty allow lists (an empty list allows everything)", g)
 			}
-			if !slices.Contains(g.Pub, CallerSubjects("default", testOwner, actor)) {
-				t.Errorf("publish %v: want its own plane subjects %q", g.Pub, CallerSubjects("default", testOwner, actor))
+			if !slices.Contains(g.Pub, callerSubjects("default", testOwner, actor)) {
+				t.Errorf("publish %v: want its own plane subjects %q", g.Pub, callerSubjects("default", testOwner, actor))
 			}
 			if !slices.Contains(g.Sub, InboxPrefix(testOwner, actor)+".>") {
 				t.Errorf("subscribe %v: want its own inbox %q", g.Sub, InboxPrefix(testOwner, actor)+".>")

@@ -32,17 +32,17 @@ type Instance struct {
 // (issue.KeyBudgets).
 func ServerChosen(owner string) Instance { return Instance{owner: owner, server: true} }
 
-// InstanceOf returns owner's instance iid, or an error if either is off its grammar.
-func InstanceOf(owner, iid string) (Instance, error) {
+// instanceOf returns owner's instance iid, or an error if either is off its grammar.
+func instanceOf(owner, iid string) (Instance, error) {
 	if !subjects.ValidUID(iid) || !subjects.ValidOwner(owner) {
 		return Instance{}, fmt.Errorf("instance %q of owner %q is off the grammar", iid, owner)
 	}
 	return Instance{owner: owner, id: iid}, nil
 }
 
-// MustInstance is InstanceOf for ids already checked (a request's, after its grammar).
+// MustInstance is instanceOf for ids already checked (a request's, after its grammar).
 func MustInstance(owner, iid string) Instance {
-	in, err := InstanceOf(owner, iid)
+	in, err := instanceOf(owner, iid)
 	if err != nil {
 		panic(err)
 	}
@@ -78,13 +78,13 @@ type row struct {
 	InstanceID string `json:"instanceId"`
 }
 
-// MaxRow bounds a stored claim.
-const MaxRow = 512
+// maxRow bounds a stored claim.
+const maxRow = 512
 
 func of(kv fence.KV, nkey string) *fence.Fence[row] {
 	return fence.New(kv, subjects.NKeyClaimKey(nkey), func(data []byte) (row, error) {
 		var c row
-		if err := body.DecodeRow(data, &c, MaxRow); err != nil {
+		if err := body.DecodeRow(data, &c, maxRow); err != nil {
 			return row{}, err
 		}
 		if c.V != 1 || c.NKey != nkey || !subjects.ValidUID(c.InstanceID) {

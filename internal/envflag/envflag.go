@@ -93,7 +93,7 @@ func set(v flag.Value, what, s string, secret bool, bad *[]error) {
 	if err := v.Set(s); err != nil {
 		*bad = append(*bad, badValue(what, s, secret, err))
 		if err := v.Set(prev); err != nil {
-			*bad = append(*bad, fmt.Errorf("%s: its previous value does not parse again: %w", what, ErrBadValue))
+			*bad = append(*bad, fmt.Errorf("%s: its previous value does not parse again: %w", what, errBadValue))
 		}
 	}
 }
@@ -111,14 +111,14 @@ func (l lenient) String() string {
 	return l.Value.String()
 }
 
-// ErrBadValue marks a value that does not parse. Test it with errors.Is.
-var ErrBadValue = errors.New("invalid value")
+// errBadValue marks a value that does not parse, in every report of one.
+var errBadValue = errors.New("invalid value")
 
 // badValue reports value v of what (a flag or a variable): quoted, unless it is a secret, whose
 // value and parse error (which may quote it) are never repeated.
 func badValue(what, v string, secret bool, err error) error {
 	if secret {
-		return fmt.Errorf("%s: %w (not shown: it is a secret)", what, ErrBadValue)
+		return fmt.Errorf("%s: %w (not shown: it is a secret)", what, errBadValue)
 	}
-	return fmt.Errorf("%s %q: %w: %w", what, v, ErrBadValue, err)
+	return fmt.Errorf("%s %q: %w: %w", what, v, errBadValue, err)
 }

@@ -91,7 +91,7 @@ func TestEveryBadValueIsReportedAtOnceAndNoSecretIsRepeated(t *testing.T) {
 			}
 			all := errors.Join(bad...)
 			for _, w := range tt.want {
-				if !strings.Contains(all.Error(), w) || !errors.Is(all, ErrBadValue) {
+				if !strings.Contains(all.Error(), w) || !errors.Is(all, errBadValue) {
 					t.Errorf("got %q, want it to report %s", all, w)
 				}
 			}

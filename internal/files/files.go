@@ -12,8 +12,8 @@ import (
 // Private is the mode of every file that holds a secret or process state.
 const Private os.FileMode = 0o600
 
-// PrivateDir is the mode of every directory the plane creates.
-const PrivateDir os.FileMode = 0o700
+// privateDir is the mode of every directory the plane creates.
+const privateDir os.FileMode = 0o700
 
 // WriteAtomic writes data to path with mode perm through a temporary file in the same
 // directory, synced and renamed into place, so a reader sees the old file or the new one; the
@@ -56,9 +56,9 @@ func syncDir(dir string) error {
 	return errors.Join(d.Sync(), d.Close())
 }
 
-// EnsureDir creates dir (and its parents) with mode PrivateDir if it does not exist.
+// EnsureDir creates dir (and its parents) with mode privateDir if it does not exist.
 func EnsureDir(dir string) error {
-	if err := os.MkdirAll(dir, PrivateDir); err != nil {
+	if err := os.MkdirAll(dir, privateDir); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	return nil

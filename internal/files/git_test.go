@@ -95,8 +95,8 @@ func TestMarkIgnoredMakesGitIgnoreTheWholeDirectory(t *testing.T) {
 	if err := MarkIgnored(state); err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != PrivateDir {
-		t.Fatalf("the directory: %v %v, want it made %o", fi, err, PrivateDir)
+	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != privateDir {
+		t.Fatalf("the directory: %v %v, want it made %o", fi, err, privateDir)
 	}
 	if err := os.WriteFile(filepath.Join(state, "secret.nk"), []byte("S"), Private); err != nil {
 		t.Fatal(err)

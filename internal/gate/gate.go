@@ -77,13 +77,13 @@ func Of(kv fence.KV, endpoint, iid string) *fence.Fence[Row] {
 	return fence.New(kv, subjects.GateKey(endpoint, iid), Parse, func(r *Row) { r.Nonce = subjects.NewNonce() })
 }
 
-// MaxRow bounds a stored gate row.
-const MaxRow = 4 << 10
+// maxRow bounds a stored gate row.
+const maxRow = 4 << 10
 
 // Parse decodes and checks a stored row.
 func Parse(data []byte) (Row, error) {
 	var r Row
-	if err := body.DecodeRow(data, &r, MaxRow); err != nil {
+	if err := body.DecodeRow(data, &r, maxRow); err != nil {
 		return Row{}, err
 	}
 	switch {

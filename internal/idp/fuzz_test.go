@@ -50,7 +50,7 @@ func checkVerdict(t *testing.T, p *idptest.IdP, now time.Time, fetches int64, to
 		faulttest.Bounded(t, err.Error(), []byte(token))
 		return
 	}
-	if s.Sub == "" || !utf8.ValidString(s.Sub) || !s.Exp.Add(Skew).After(now) {
+	if s.Sub == "" || !utf8.ValidString(s.Sub) || !s.Exp.Add(skew).After(now) {
 		t.Fatalf("verified subject %q until %s at %s", s.Sub, s.Exp, now)
 	}
 	if owner := DeriveOwner(ownerSecret, p.Issuer, s.Sub); !subjects.ValidUserOwner(owner) {

@@ -27,8 +27,8 @@ import (
 const (
 	// MaxToken is the longest token read, in bytes.
 	MaxToken = 8 << 10
-	// Skew is the clock skew allowed on exp, iat and nbf.
-	Skew = 5 * time.Second
+	// skew is the clock skew allowed on exp, iat and nbf.
+	skew = 5 * time.Second
 	// RefreshEvery bounds how often an unknown kid refetches the JWKS: a flood of random kids
 	// is not a flood of fetches.
 	RefreshEvery = 10 * time.Second
@@ -101,7 +101,7 @@ type Subject struct {
 
 // Verify checks token: at most MaxToken bytes; EdDSA, with no jku, jwk, x5u or x5c header; a key
 // of the IdP's set by kid; the exact issuer and audience; exp, iat and sub present, exp in the
-// future and iat not, within Skew; a sub with no lone surrogate (JavaScript and Go would derive
+// future and iat not, within skew; a sub with no lone surrogate (JavaScript and Go would derive
 // different owners from it). Every failure says why, without echoing the token.
 func (v *Verifier) Verify(ctx context.Context, token string) (Subject, error) {
 	kid, err := CheckHeader(token)
@@ -159,14 +159,14 @@ func (v *Verifier) claims(payload []byte) (Subject, error) {
 		return Subject{}, fmt.Errorf("iat: %w", err)
 	}
 	switch {
-	case !exp.Add(Skew).After(now):
+	case !exp.Add(skew).After(now):
 		return Subject{}, errors.New("the token has expired")
-	case iat.After(now.Add(Skew)):
+	case iat.After(now.Add(skew)):
 		return Subject{}, errors.New("the token was issued in the future")
 	}
 	if !absent(c.Nbf) {
 		nbf, err := seconds(c.Nbf)
-		if err != nil || nbf.After(now.Add(Skew)) {
+		if err != nil || nbf.After(now.Add(skew)) {
 			return Subject{}, errors.New("the token is not valid yet")
 		}
 	}

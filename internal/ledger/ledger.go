@@ -21,8 +21,8 @@ const (
 	PlatformAdmin = "platform-admin"
 )
 
-// ValidScope reports whether s is a known scope.
-func ValidScope(s string) bool { return s == Supervise || s == Admin || s == PlatformAdmin }
+// validScope reports whether s is a known scope.
+func validScope(s string) bool { return s == Supervise || s == Admin || s == PlatformAdmin }
 
 // Row is `actor.<owner>.<actor>` in the actors bucket.
 type Row struct {
@@ -45,13 +45,13 @@ func (r Row) Has(scope string) bool { return slices.Contains(r.Scope, scope) }
 var ErrMalformed = fence.ErrMalformed
 
 // Of returns the ledger row of principal owner.actor in the actors bucket kv.
-// MaxRow bounds a stored ledger row.
-const MaxRow = 4 << 10
+// maxRow bounds a stored ledger row.
+const maxRow = 4 << 10
 
 func Of(kv fence.KV, owner, actor string) *fence.Fence[Row] {
 	return fence.New(kv, subjects.ActorKey(owner, actor), func(data []byte) (Row, error) {
 		var r Row
-		if err := body.DecodeRow(data, &r, MaxRow); err != nil {
+		if err := body.DecodeRow(data, &r, maxRow); err != nil {
 			return Row{}, err
 		}
 		// A row without its scope list would read as no scope but could not be written
@@ -89,7 +89,7 @@ func SetScope(ctx context.Context, kv fence.KV, owner, actor string, scope []str
 	slices.Sort(scope)
 	scope = slices.Compact(scope)
 	for _, s := range scope {
-		if !ValidScope(s) {
+		if !validScope(s) {
 			return Row{}, fmt.Errorf("scope %q: want supervise, admin or platform-admin", s)
 		}
 	}
