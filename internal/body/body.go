@@ -35,21 +35,20 @@ const MaxRow = 64 << 20
 // errNull marks a null where a value of the field's type belongs.
 var errNull = errors.New("null")
 
-// closed are the options of every parse: an unknown key is an error, and so is a null, which v2
-// would otherwise read as "leave the value as it is". v2 refuses a duplicate name and matches
-// names case-sensitively by default. The body's UTF-8 is checked before the parse, so what
-// AllowInvalidUTF8 still allows is an escaped surrogate that pairs with no other: read as U+FFFD,
-// as encoding/json reads it.
-var closed = jsonv2.JoinOptions(
-	jsonv2.RejectUnknownMembers(true),
-	jsontext.AllowInvalidUTF8(true),
-	jsonv2.WithUnmarshalers(jsonv2.UnmarshalFromFunc(func(dec *jsontext.Decoder, _ any) error {
-		if dec.PeekKind() == 'n' {
-			return errNull
-		}
-		return errors.ErrUnsupported
-	})),
-)
+// closed are the options of every parse: an unknown key is an error. v2 refuses a duplicate
+// name and matches names case-sensitively by default. The body's UTF-8 is checked before the
+// parse, so what AllowInvalidUTF8 still allows is an escaped surrogate that pairs with no other:
+// read as U+FFFD, as encoding/json reads it.
+var closed = jsonv2.JoinOptions(jsonv2.RejectUnknownMembers(true), jsontext.AllowInvalidUTF8(true))
+
+// closedNoNull adds the refusal of a null, which v2 would otherwise read as "leave the value as
+// it is". Its check runs on every value, so it is used only on a body that holds the word null.
+var closedNoNull = jsonv2.JoinOptions(closed, jsonv2.WithUnmarshalers(jsonv2.UnmarshalFromFunc(func(dec *jsontext.Decoder, _ any) error {
+	if dec.PeekKind() == 'n' {
+		return errNull
+	}
+	return errors.ErrUnsupported
+})))
 
 // Decode parses data into v, a pointer to a struct whose fields carry `json` tags. It refuses a
 // body over MaxBytes, anything that is not one JSON object, invalid UTF-8, an unknown or
@@ -80,7 +79,11 @@ func decode(data []byte, v any, limit int) error {
 	if rv := reflect.ValueOf(v); rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
 		return fmt.Errorf("body.Decode needs a pointer to a struct, got %T", v)
 	}
-	err := jsonv2.Unmarshal(data, v, closed)
+	opts := closed
+	if bytes.Contains(data, []byte("null")) { // a null can be spelled no other way
+		opts = closedNoNull
+	}
+	err := jsonv2.Unmarshal(data, v, opts)
 	if err == nil {
 		return nil
 	}

@@ -108,7 +108,7 @@ func TestDecodeReadsWhatItAcceptsAsEncodingJSONDoes(t *testing.T) {
 		"operation":"renew","small":-128,"tiny":255,"half":1.5e3,"session":[1,"2",{"3":null}],"any":{"a":[1,true]},
 		"counts":{"a":1,"b":-2},"items":[],"nested":[{"id":"n"}],"lists":[[],["a"]],"raws":[1,{"x":2},"s"]}`,
 		`{"kind":"a\"b\\c\/d\b\f\n\r\t"}`, `{"kind":"\u00e9\u4e2d\ud83d\ude00"}`, `{"kind":"\ud800"}`, `{"kind":"\udc00x"}`,
-		`{"kind":"\ud800\ud800"}`, `{"kind":"\ud800\u0041"}`, "\t\r\n {\"v\" :\t-0 } \n", `{"half":-0.0e-0}`, `{"items":[],"lists":[]}`,
+		`{"kind":"\ud800\ud800"}`, `{"kind":"\ud800\u0041"}`, "\t\r\n {\"v\" :\t-0 } \n", `{"half":-0.0e-0}`, `{"items":[],"lists":[]}`, `{"kind":"null","session":[null]}`,
 	} {
 		got, want := new(testRequest), new(testRequest)
 		if err := Decode([]byte(data), got); err != nil {
