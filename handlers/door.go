@@ -27,7 +27,7 @@ type doorFunc func(ctx context.Context, peer string, data []byte) (any, *fault.E
 // door wraps a POST door in the face's guards, in order: 405 not POST, 403 any Origin, 415 not
 // JSON, (loopback) 401 a missing or wrong capability and 429 past 30 of those a minute, 503
 // past the loopback doors' slots, then the body: 503 not in within BodyTimeout, 413 over
-// MaxBody, 400 not JSON. A refusal past them counts against the peer's budget; once the budget
+// maxBody, 400 not JSON. A refusal past them counts against the peer's budget; once the budget
 // is spent a refusal is 429 and withholds its reason, while a valid credential still succeeds.
 func (f *face) door(serve doorFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -49,7 +49,7 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 		if !f.public && !f.capOK(r) {
 			closeUnread(w)
 			f.badCaps.record("loopback", now)
-			if f.badCaps.count("loopback", now) > RefusalsPerMinute {
+			if f.badCaps.count("loopback", now) > refusalsPerMinute {
 				writeError(w, fault.New(fault.ResourceExhausted, "too many invalid-capability attempts - wait a minute and retry"))
 				return
 			}
@@ -68,7 +68,7 @@ func (f *face) door(serve doorFunc) http.HandlerFunc {
 			defer f.peers.give(loopbackHolder)
 		}
 		peer := f.peer(r)
-		throttled := f.refusals.count(peer, now) >= RefusalsPerMinute
+		throttled := f.refusals.count(peer, now) >= refusalsPerMinute
 		data, ferr := f.readBody(w, r)
 		if ferr != nil {
 			closeUnread(w)
@@ -149,7 +149,7 @@ var errBusy = fault.New(fault.Unavailable, "busy - retry shortly")
 // loopbackHolder is the key of the loopback doors' slots: the capability's holders, together.
 const loopbackHolder = "capability"
 
-// readBody reads a door's body: at most MaxBody bytes (413 past it), within BodyTimeout of the
+// readBody reads a door's body: at most maxBody bytes (413 past it), within BodyTimeout of the
 // headers and before the request's deadline (503 past either), and JSON (400 otherwise). A
 // body read, the connection's read deadline is the request's again (none on loopback): the
 // server's read after the body would otherwise hit the body's deadline and cancel the request
@@ -166,7 +166,7 @@ func (f *face) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *fault.
 	if err := rc.SetReadDeadline(by); err != nil {
 		f.h.Log.Debug("no body deadline on a request", "err", err)
 	}
-	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	if rerr := rc.SetReadDeadline(deadline); rerr != nil {
 		f.h.Log.Debug("read deadline not restored after a body", "err", rerr)
 	}
@@ -178,8 +178,8 @@ func (f *face) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *fault.
 		return nil, fault.New(fault.Unavailable, "request body not received within %s of its headers", wait)
 	case err != nil:
 		return nil, fault.New(fault.BadRequest, "request body could not be read")
-	case len(data) > MaxBody:
-		return nil, fault.New(fault.TooLarge, "request body too large (maximum %d bytes)", MaxBody)
+	case len(data) > maxBody:
+		return nil, fault.New(fault.TooLarge, "request body too large (maximum %d bytes)", maxBody)
 	case !json.Valid(data):
 		return nil, fault.New(fault.BadRequest, "request body is not valid JSON")
 	}

@@ -18,9 +18,9 @@ import (
 
 // Bounds of the HTTP face (docs/PROTOCOL.md, "The HTTP face").
 const (
-	// MaxBody is the largest body a door reads: exactly this many bytes are judged on their
+	// maxBody is the largest body a door reads: exactly this many bytes are judged on their
 	// content, one more is 413.
-	MaxBody = 65536
+	maxBody = 65536
 	// PublicMaxInFlight bounds the public face's requests in flight, every peer's together;
 	// past it, 503.
 	PublicMaxInFlight = 64
@@ -35,8 +35,8 @@ const (
 	DefaultBodyTimeout = 2 * time.Second
 	// PublicDeadline bounds a public request, its body included; past it, 503.
 	PublicDeadline = 10 * time.Second
-	// RefusalsPerMinute is a peer's refusal budget: past it, a refusal is 429 without its reason.
-	RefusalsPerMinute = 30
+	// refusalsPerMinute is a peer's refusal budget: past it, a refusal is 429 without its reason.
+	refusalsPerMinute = 30
 	// peerBuckets bounds the per-peer budgets kept.
 	peerBuckets = 1024
 )

@@ -32,11 +32,11 @@ import (
 const (
 	// MaxTTL is the longest a bearer lives.
 	MaxTTL = 900 * time.Second
-	// JWKSMaxAge is how long a client may cache /jwks.
-	JWKSMaxAge = 300 * time.Second
+	// jwksMaxAge is how long a client may cache /jwks.
+	jwksMaxAge = 300 * time.Second
 	// RetireFloor is how long a key stays published after it stopped signing: a client's cached
 	// key set and the last bearer it signed both outlive it no longer.
-	RetireFloor = JWKSMaxAge + MaxTTL
+	RetireFloor = jwksMaxAge + MaxTTL
 	// Skew is the clock skew allowed on a bearer's times.
 	Skew = 5 * time.Second
 )
@@ -139,14 +139,14 @@ func privateKey(k stored) (ed25519.PrivateKey, error) {
 	if !ok {
 		return nil, errors.New("not an Ed25519 private key")
 	}
-	if kid, err := Thumbprint(priv.Public().(ed25519.PublicKey)); err != nil || kid != k.KID {
+	if kid, err := thumbprint(priv.Public().(ed25519.PublicKey)); err != nil || kid != k.KID {
 		return nil, errors.New("its kid is not its thumbprint")
 	}
 	return priv, nil
 }
 
-// Thumbprint is the RFC 7638 thumbprint of pub, base64url: its kid.
-func Thumbprint(pub ed25519.PublicKey) (string, error) {
+// thumbprint is the RFC 7638 thumbprint of pub, base64url: its kid.
+func thumbprint(pub ed25519.PublicKey) (string, error) {
 	tp, err := (&jose.JSONWebKey{Key: pub}).Thumbprint(crypto.SHA256)
 	if err != nil {
 		return "", err
@@ -156,7 +156,7 @@ func Thumbprint(pub ed25519.PublicKey) (string, error) {
 
 // entry makes the stored form of priv, added at now.
 func entry(priv ed25519.PrivateKey, now time.Time) (stored, error) {
-	kid, err := Thumbprint(priv.Public().(ed25519.PublicKey))
+	kid, err := thumbprint(priv.Public().(ed25519.PublicKey))
 	if err != nil {
 		return stored{}, err
 	}

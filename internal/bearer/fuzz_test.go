@@ -203,7 +203,7 @@ func FuzzValidateClaims(f *testing.F) {
 		f.Add(data)
 	}
 	f.Add([]byte(`{"iss":"urn:cotal:auth:default","extra":1}`))
-	kid, err := Thumbprint(priv.Public().(ed25519.PublicKey))
+	kid, err := thumbprint(priv.Public().(ed25519.PublicKey))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -27,10 +27,10 @@ import (
 // MaxBytes is the largest body the plane reads.
 const MaxBytes = 64 << 10
 
-// MaxRow is the largest row any bucket can hold: the largest message NATS allows (max_payload's
+// maxRow is the largest row any bucket can hold: the largest message NATS allows (max_payload's
 // ceiling). A row type whose size grows with a flag bounds the flag by it, or by the broker's
 // own max_payload, which is smaller.
-const MaxRow = 64 << 20
+const maxRow = 64 << 20
 
 // errNull marks a null where a value of the field's type belongs.
 var errNull = errors.New("null")
@@ -61,7 +61,7 @@ func Decode(data []byte, v any) error { return decode(data, v, MaxBytes) }
 // DecodeRow parses the stored row data into v, closed as a request body is, and refuses a row over
 // limit bytes. A row is not a request: the plane wrote it, and some grow with a flag (an owner's
 // instances with --max-instances-per-owner), so each row type has a limit of its own, at most
-// MaxRow. Its error is a plain error about the row, never a refusal: a row that does not decode
+// maxRow. Its error is a plain error about the row, never a refusal: a row that does not decode
 // is the plane's fault, not the caller's.
 func DecodeRow(data []byte, v any, limit int) error {
 	err := decode(data, v, limit)

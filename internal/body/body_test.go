@@ -298,7 +298,7 @@ func TestWithinPrefixesTheFieldPath(t *testing.T) {
 // error about the row: the plane wrote it, so it is never a caller's refusal.
 func TestDecodeRowIsClosedUnderItsLimitAndNeverARefusal(t *testing.T) {
 	var v testBody
-	if err := DecodeRow([]byte(`{"kind":"`+strings.Repeat("x", MaxBytes)+`"}`), &v, MaxRow); err != nil {
+	if err := DecodeRow([]byte(`{"kind":"`+strings.Repeat("x", MaxBytes)+`"}`), &v, maxRow); err != nil {
 		t.Fatalf("a row over a body's limit, under its own: got %v, want nil", err)
 	}
 	for data, want := range map[string]string{

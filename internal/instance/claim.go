@@ -74,7 +74,7 @@ func recordFence(kv fence.KV, key, space, name string) *fence.Fence[record] {
 // which. An identity file in dir must name the same instance (ErrDisagree); a file with no
 // record beside it refuses too, pointing at `authplane identity migrate`.
 func Claim(ctx context.Context, kv fence.KV, dir, space, name string) (Identity, error) {
-	file, err := ReadIdentity(dir, space)
+	file, err := readIdentity(dir, space)
 	hasFile := err == nil
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Identity{}, err
@@ -131,7 +131,7 @@ func MarkRegistered(ctx context.Context, kv fence.KV, id Identity, name string) 
 // (a repeated migration completes a partial one); another instance's is ErrDisagree, and the
 // file stays.
 func Migrate(ctx context.Context, kv fence.KV, dir, space, name string) (Identity, error) {
-	file, err := ReadIdentity(dir, space)
+	file, err := readIdentity(dir, space)
 	if errors.Is(err, os.ErrNotExist) {
 		return Identity{}, fmt.Errorf("no identity to migrate: %s does not exist", filepath.Join(dir, IdentityFile))
 	}

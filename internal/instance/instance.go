@@ -109,7 +109,7 @@ const IdentityFile = "identity.json"
 // has none. It writes nothing: SaveIdentity writes a fresh identity once it has registered, so
 // an identity file always names an instance whose gate the store acknowledged.
 func LoadIdentity(dir, space string) (Identity, error) {
-	id, err := ReadIdentity(dir, space)
+	id, err := readIdentity(dir, space)
 	if errors.Is(err, os.ErrNotExist) {
 		return Identity{Ver: 1, Space: space, InstanceID: subjects.NewUID(), Fresh: true}, nil
 	}
@@ -129,9 +129,9 @@ func SaveIdentity(dir string, id Identity) error {
 	return files.SyncDir(dir)
 }
 
-// ReadIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
+// readIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
 // file that is not a version 1 identity of space is an error naming it.
-func ReadIdentity(dir, space string) (Identity, error) {
+func readIdentity(dir, space string) (Identity, error) {
 	path := filepath.Join(dir, IdentityFile)
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -147,26 +147,21 @@ func ReadIdentity(dir, space string) (Identity, error) {
 	return id, nil
 }
 
-// Principal is the principal recorded on the plane's own gate.
-func Principal(iid string) string { return "plane.auth_" + iid }
-
-// ErrLost means a store of a space that existed lost what the plane had written there: a
-// stream or bucket gone (store.Open), or the plane's own gate absent although it registered
-// before (Register).
-var ErrLost = store.ErrLost
+// planePrincipal is the principal recorded on the plane's own gate.
+func planePrincipal(iid string) string { return "plane.auth_" + iid }
 
 // Register registers the plane's instance on its gate `epgate.auth.<iid>`: epoch 0 on the
 // first registration, one more on every later one. It returns the registered gate. When
 // registered says this identity registered before, an absent gate was lost with the bucket
-// that held it: ErrLost, and nothing is written.
+// that held it: store.ErrLost, and nothing is written.
 func Register(ctx context.Context, kv fence.KV, iid string, registered bool) (*gate.Gate, error) {
 	g, err := gate.Of(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
 		switch {
 		case cur.Absent() && registered:
 			return gate.Row{}, fmt.Errorf("%w: the plane's gate %s in %s is absent, although instance %s registered there before "+
-				"(the bucket was emptied or re-created); restore it, or start over with --recreate-stores", ErrLost, cur.Key(), where(kv), iid)
+				"(the bucket was emptied or re-created); restore it, or start over with --recreate-stores", store.ErrLost, cur.Key(), where(kv), iid)
 		case cur.Absent():
-			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: Principal(iid)}, nil
+			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: planePrincipal(iid)}, nil
 		case cur.Row.State != gate.Open:
 			return gate.Row{}, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", cur.Key(), cur.Row.State)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/internal/gate"
+	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/store/storetest"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -28,7 +29,7 @@ func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.Row.ProcessEpoch != want || g.Row.State != gate.Open || g.Row.Principal != Principal(iid) {
+		if g.Row.ProcessEpoch != want || g.Row.State != gate.Open || g.Row.Principal != planePrincipal(iid) {
 			t.Fatalf("registration %d: got %+v, want open at epoch %d", want, g.Row, want)
 		}
 	}
@@ -36,8 +37,8 @@ func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
 
 func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
 	kv, iid := storetest.New(), subjects.NewUID()
-	if _, err := Register(ctx(t), kv, iid, true); !errors.Is(err, ErrLost) || !strings.Contains(err.Error(), "epgate.auth."+iid) {
-		t.Fatalf("an identity that registered before, its gate absent: got %v, want ErrLost naming the gate", err)
+	if _, err := Register(ctx(t), kv, iid, true); !errors.Is(err, store.ErrLost) || !strings.Contains(err.Error(), "epgate.auth."+iid) {
+		t.Fatalf("an identity that registered before, its gate absent: got %v, want store.ErrLost naming the gate", err)
 	}
 	if kv.Revision() != 0 {
 		t.Fatalf("the refused registration wrote %d times, want none", kv.Revision())

@@ -217,7 +217,7 @@ func generate(space string) (*Keys, error) {
 	if _, err := rand.Read(m.OwnerSecret); err != nil {
 		return nil, fmt.Errorf("generate owner secret: %w", err)
 	}
-	if m.BearerKey, err = NewBearerKey(); err != nil {
+	if m.BearerKey, err = newBearerKey(); err != nil {
 		return nil, err
 	}
 	if err := m.signJWTs(); err != nil {
@@ -226,9 +226,9 @@ func generate(space string) (*Keys, error) {
 	return m, nil
 }
 
-// NewBearerKey returns a fresh Ed25519 bearer issuer key as a private JWK whose kid is its
+// newBearerKey returns a fresh Ed25519 bearer issuer key as a private JWK whose kid is its
 // RFC 7638 thumbprint.
-func NewBearerKey() (jose.JSONWebKey, error) {
+func newBearerKey() (jose.JSONWebKey, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return jose.JSONWebKey{}, fmt.Errorf("generate bearer key: %w", err)

@@ -33,8 +33,8 @@ func specNamed(t *testing.T, name string, o Options) Spec {
 
 func TestDiffReportsNothingForTheSpecItself(t *testing.T) {
 	for _, s := range allSpecs(Options{}) {
-		if d := Diff(s, s.Config); len(d) != 0 {
-			t.Errorf("Diff(%s, its own config): got %v, want nothing", s.Config.Name, d)
+		if d := diffOf(s, s.Config); len(d) != 0 {
+			t.Errorf("diffOf(%s, its own config): got %v, want nothing", s.Config.Name, d)
 		}
 	}
 }
@@ -84,9 +84,9 @@ func TestDiffReportsEachUnsafeField(t *testing.T) {
 			spec := specNamed(t, tt.stream, Options{})
 			got := spec.Config
 			tt.edit(&got)
-			d := Diff(spec, got)
+			d := diffOf(spec, got)
 			if len(d) != 1 || !strings.HasPrefix(d[0], tt.field+" is ") {
-				t.Errorf("Diff: got %q, want exactly one phrase starting %q", d, tt.field+" is ")
+				t.Errorf("diffOf: got %q, want exactly one phrase starting %q", d, tt.field+" is ")
 			}
 		})
 	}
@@ -96,10 +96,10 @@ func TestDiffReportsEveryUnsafeFieldAtOnce(t *testing.T) {
 	spec := specNamed(t, "KV_"+subjects.AuthBucket("default"), Options{})
 	got := spec.Config
 	got.AllowDirect, got.DenyPurge, got.AllowRollup = true, false, true
-	d := strings.Join(Diff(spec, got), "; ")
+	d := strings.Join(diffOf(spec, got), "; ")
 	for _, field := range []string{"allow_direct", "deny_purge", "allow_rollup_hdrs"} {
 		if !strings.Contains(d, field) {
-			t.Errorf("Diff: got %q, want it to name %s", d, field)
+			t.Errorf("diffOf: got %q, want it to name %s", d, field)
 		}
 	}
 }
@@ -120,15 +120,15 @@ func TestDirectGetsOnlyOnABucketOfOneReplicaOnALoneServer(t *testing.T) {
 	one := specNamed(t, fences, lone)
 	without := one.Config
 	without.AllowDirect = false
-	if d := Diff(one, without); len(d) != 0 {
-		t.Errorf("Diff of a bucket of one replica made without direct gets: got %v, want nothing (Ensure allows them)", d)
+	if d := diffOf(one, without); len(d) != 0 {
+		t.Errorf("diffOf of a bucket of one replica made without direct gets: got %v, want nothing (Ensure allows them)", d)
 	}
 	for name, o := range map[string]Options{"three replicas": {Replicas: 3, DirectReads: true}, "one replica in a cluster": {}} {
 		spec := specNamed(t, fences, o)
 		with := spec.Config
 		with.AllowDirect = true
-		if d := Diff(spec, with); len(d) != 1 || d[0] != "allow_direct is true, want false" {
-			t.Errorf("Diff of a bucket of %s with direct gets: got %q, want allow_direct refused", name, d)
+		if d := diffOf(spec, with); len(d) != 1 || d[0] != "allow_direct is true, want false" {
+			t.Errorf("diffOf of a bucket of %s with direct gets: got %q, want allow_direct refused", name, d)
 		}
 	}
 }
@@ -141,8 +141,8 @@ func TestDiffLetsTheFlagsTuneRecordStreamLimits(t *testing.T) {
 		}
 		got := spec.Config
 		got.MaxAge, got.MaxBytes, got.MaxMsgs = spec.Config.MaxAge+time.Hour, spec.Config.MaxBytes*2, 7
-		if d := Diff(spec, got); len(d) != 0 {
-			t.Errorf("Diff(%s) with other limits: got %v, want nothing (Ensure updates them)", name, d)
+		if d := diffOf(spec, got); len(d) != 0 {
+			t.Errorf("diffOf(%s) with other limits: got %v, want nothing (Ensure updates them)", name, d)
 		}
 	}
 }
@@ -154,8 +154,8 @@ func TestDiffIgnoresSubjectOrder(t *testing.T) {
 	for i, j := 0, len(got.Subjects)-1; i < j; i, j = i+1, j-1 {
 		got.Subjects[i], got.Subjects[j] = got.Subjects[j], got.Subjects[i]
 	}
-	if d := Diff(spec, got); len(d) != 0 {
-		t.Errorf("Diff with reordered subjects: got %v, want nothing", d)
+	if d := diffOf(spec, got); len(d) != 0 {
+		t.Errorf("diffOf with reordered subjects: got %v, want nothing", d)
 	}
 }
 

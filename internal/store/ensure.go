@@ -126,7 +126,7 @@ func check(ctx context.Context, js jetstream.JetStream, spec Spec, got jetstream
 
 // refuse is ErrMisconfigured, naming every field, when got breaks spec's rule.
 func refuse(spec Spec, got jetstream.StreamConfig) error {
-	if diffs := Diff(spec, got); len(diffs) > 0 {
+	if diffs := diffOf(spec, got); len(diffs) > 0 {
 		return &permanentError{fmt.Errorf("%w: %s (%s): %s", ErrMisconfigured, spec.Config.Name, spec.Rule, joinDiffs(diffs))}
 	}
 	return nil
@@ -186,8 +186,8 @@ func sweepReaders(ctx context.Context, s jetstream.Stream, inactive time.Duratio
 	return nil
 }
 
-// Diff lists how got breaks spec's rule, one phrase per field.
-func Diff(spec Spec, got jetstream.StreamConfig) []string {
+// diffOf lists how got breaks spec's rule, one phrase per field.
+func diffOf(spec Spec, got jetstream.StreamConfig) []string {
 	want := spec.Config
 	var d []string
 	check := func(field string, bad bool, gotV, wantV any) {
@@ -274,7 +274,7 @@ func retry(ctx context.Context, log *slog.Logger, fn func(context.Context) error
 		err = fn(actx)
 		cancel()
 		var perm *permanentError
-		if err == nil || errors.As(err, &perm) || !Transient(err) {
+		if err == nil || errors.As(err, &perm) || !transient(err) {
 			return err
 		}
 		if attempt == 0 {
@@ -288,9 +288,9 @@ func retry(ctx context.Context, log *slog.Logger, fn func(context.Context) error
 	}
 }
 
-// Transient reports whether err may succeed when retried: timeouts, no responders, a
+// transient reports whether err may succeed when retried: timeouts, no responders, a
 // JetStream that is not ready yet, a leader change.
-func Transient(err error) bool {
+func transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, errCreateRaced) || errors.Is(err, errPeersOffline) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) {

@@ -57,7 +57,7 @@ func TestEnsureChecksAStreamAnotherStartCreatedFirst(t *testing.T) {
 
 	js = &racingJS{spec: spec}
 	err := ensureOne(context.Background(), js, spec, log)
-	if err == nil || !Transient(err) {
+	if err == nil || !transient(err) {
 		t.Fatalf("a creation that failed with no stream to show for it: got %v, want an error to retry", err)
 	}
 	if !errors.Is(err, errCreateRaced) || js.creates != 1 {
@@ -82,8 +82,8 @@ func TestEnsureRetriesACreationWhileAPeerIsNotYetOnline(t *testing.T) {
 	} {
 		js := &racingJS{spec: spec, refusal: &jetstream.APIError{Code: 400, ErrorCode: codeNoPeers, Description: tt.description}}
 		err := ensureOne(context.Background(), js, spec, log)
-		if err == nil || Transient(err) != tt.transient {
-			t.Errorf("a creation refused %q: got %v (transient %v), want transient %v", tt.description, err, Transient(err), tt.transient)
+		if err == nil || transient(err) != tt.transient {
+			t.Errorf("a creation refused %q: got %v (transient %v), want transient %v", tt.description, err, transient(err), tt.transient)
 		}
 	}
 }

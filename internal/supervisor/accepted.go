@@ -94,7 +94,7 @@ func (s *Supervisor) resolveGenerations(ctx context.Context, l lifecycle) error 
 		}
 		if _, err := s.Resolve(ctx, o.Row.Ref); err != nil {
 			if fault.CodeOf(err) == fault.PermissionDenied {
-				return Ended(l.owner, err)
+				return endedRefusal(l.owner, err)
 			}
 			return err
 		}
@@ -174,12 +174,12 @@ func (s *Supervisor) record(ctx context.Context, l lifecycle, d subjects.Duty, c
 func (s *Supervisor) confirm(ctx context.Context, l lifecycle, ref Ref, c Ceiling) error {
 	ev, err := s.Resolve(ctx, ref)
 	if fault.CodeOf(err) == fault.PermissionDenied {
-		return Ended(l.owner, err)
+		return endedRefusal(l.owner, err)
 	}
 	if err != nil {
 		return err
 	}
-	return Confirm(ev, c)
+	return confirmCeiling(ev, c)
 }
 
 // ceilingOf is the ceiling of credential c issued under an assignment ending at until: its key

@@ -98,9 +98,9 @@ func auditOf(o *observedAssignment) audit.Assignment {
 	return audit.Assignment{Owner: a.Owner, InstanceID: a.InstanceID, LifecycleUID: a.LifecycleUID, ExpiresAt: a.ExpiresAt, State: a.State, Revision: o.Revision}
 }
 
-// Ended is the refusal of everything an ended assignment once allowed (the original's
+// endedRefusal is the refusal of everything an ended assignment once allowed (the original's
 // platformSupervisorEnded): the text names the owner the caller named.
-func Ended(owner string, cause error) *fault.Error {
+func endedRefusal(owner string, cause error) *fault.Error {
 	return fault.Wrap(fault.PermissionDenied, cause, "platform supervisor assignment for owner %s has ended; its lifecycle has ended and material issued under it authorizes nothing", owner)
 }
 
@@ -178,7 +178,7 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 			return nil, about, fault.New(fault.PermissionDenied, "instance %s is registered to another owner", req.InstanceID)
 		}
 		if g.Row.State == gate.Retired {
-			return nil, about, Ended(req.Owner, nil)
+			return nil, about, endedRefusal(req.Owner, nil)
 		}
 	}
 	want := Assignment{V: 1, Kind: kindAssignment, Owner: req.Owner, Space: s.Space,
@@ -190,7 +190,7 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 		case cur.Absent():
 			return want, nil
 		case a.over() && (a.InstanceID == want.InstanceID || a.LifecycleUID == want.LifecycleUID):
-			return Assignment{}, Ended(req.Owner, nil)
+			return Assignment{}, endedRefusal(req.Owner, nil)
 		case a.State == StateEnding:
 			// A new lifecycle never buries an unfinished end: its keys might never be revoked.
 			return Assignment{}, fault.New(fault.FailedPrecondition, "owner %s's assignment of instance %s (lifecycle %s) is still ending; repeat supervisor-end for it to complete the end first", req.Owner, a.InstanceID, a.LifecycleUID)
@@ -222,7 +222,7 @@ func (s *Supervisor) Vouch(ctx context.Context, owner, iid, uid string) error {
 	case a.InstanceID != iid || a.LifecycleUID != uid:
 		return fault.New(fault.PermissionDenied, "the platform supervisor assignment of owner %s is not for instance %s and this lifecycle", owner, iid)
 	case a.over():
-		return Ended(owner, nil)
+		return endedRefusal(owner, nil)
 	case a.ExpiresAt <= s.Now().Unix():
 		return lapsed(owner)
 	}

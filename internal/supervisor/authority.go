@@ -90,7 +90,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 	a := o.Row
 	switch {
 	case a.over():
-		return nil, about, Ended(env.Owner, nil)
+		return nil, about, endedRefusal(env.Owner, nil)
 	case o.Revision != *env.AssignmentRevision:
 		return nil, about, fault.New(fault.PermissionDenied, "assignmentRevision %d is not the revision of owner %s's assignment in force", *env.AssignmentRevision, env.Owner)
 	case a.ExpiresAt <= s.Now().Unix():
@@ -124,7 +124,7 @@ func (s *Supervisor) endedFence(ctx context.Context, l lifecycle) error {
 			return fault.New(fault.PermissionDenied, "instance %s is registered to another owner", l.iid)
 		}
 		if g.Row.State != gate.Open {
-			return Ended(l.owner, nil)
+			return endedRefusal(l.owner, nil)
 		}
 	}
 	return s.resolveGenerations(ctx, l)

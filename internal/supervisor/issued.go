@@ -208,9 +208,9 @@ func (s *Supervisor) Resolve(ctx context.Context, ref Ref) (*Evidence, error) {
 	return &ev.Row, nil
 }
 
-// Confirm refuses a resolved generation whose ceiling is not c: a later issuance may never
+// confirmCeiling refuses a resolved generation whose ceiling is not c: a later issuance may never
 // widen what the first one recorded (failed-precondition "different ceiling").
-func Confirm(ev *Evidence, c Ceiling) error {
+func confirmCeiling(ev *Evidence, c Ceiling) error {
 	got, err1 := json.Marshal(ev.Ceiling)
 	want, err2 := json.Marshal(c)
 	if err := errors.Join(err1, err2); err != nil {

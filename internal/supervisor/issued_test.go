@@ -166,7 +166,7 @@ func TestConfirmRefusesADifferentCeiling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Confirm(ev, e.ceiling()); err != nil {
+	if err := confirmCeiling(ev, e.ceiling()); err != nil {
 		t.Fatalf("the same ceiling: got %v", err)
 	}
 	for name, edit := range map[string]func(*Ceiling){
@@ -179,7 +179,7 @@ func TestConfirmRefusesADifferentCeiling(t *testing.T) {
 	} {
 		c := e.ceiling()
 		edit(&c)
-		if err := Confirm(ev, c); fault.CodeOf(err) != fault.FailedPrecondition || !strings.Contains(err.Error(), "different ceiling") {
+		if err := confirmCeiling(ev, c); fault.CodeOf(err) != fault.FailedPrecondition || !strings.Contains(err.Error(), "different ceiling") {
 			t.Errorf("%s: got %v, want failed-precondition: different ceiling", name, err)
 		}
 	}
