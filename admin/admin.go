@@ -239,15 +239,6 @@ func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, err
 	return subjects.Principal(o.Owner, o.Actor), perms, err
 }
 
-// WriteCreds writes Creds to path (0600, atomically).
-func WriteCreds(path string, m *space.Keys, o CredsOptions, now time.Time) error {
-	data, err := Creds(m, o, now)
-	if err != nil {
-		return err
-	}
-	return files.WriteAtomic(path, data, files.Private)
-}
-
 // Grant writes principal owner.actor's ledger row with exactly scope (`authplane grant`),
 // connecting to natsURL as a short-lived plane-account user. The plane must have created its
 // buckets (it has run once).

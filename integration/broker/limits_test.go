@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +74,11 @@ func TestTheBrokerEnforcesUserAndAccountLimits(t *testing.T) {
 		o := admin.DefaultCreds()
 		o.Owner, o.Actor, o.TTL, o.MaxSubscriptions = harness.OwnerB, "few", time.Hour, 2
 		path := t.TempDir() + "/few.creds"
-		if err := admin.WriteCreds(path, p.Keys(), o, time.Now()); err != nil {
+		creds, err := admin.Creds(p.Keys(), o, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, creds, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		errs := &harness.AsyncErrors{}
