@@ -12,11 +12,11 @@ import (
 	"github.com/cotal-ai/authplane/internal/gate"
 )
 
-func userKey(t *testing.T) string { return newKey(t, nkeys.CreateUser) }
+func userKey(t testing.TB) string { return newKey(t, nkeys.CreateUser) }
 
-func accountKey(t *testing.T) string { return newKey(t, nkeys.CreateAccount) }
+func accountKey(t testing.TB) string { return newKey(t, nkeys.CreateAccount) }
 
-func newKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
+func newKey(t testing.TB, create func() (nkeys.KeyPair, error)) string {
 	t.Helper()
 	kp, err := create()
 	if err != nil {
@@ -29,7 +29,7 @@ func newKey(t *testing.T, create func() (nkeys.KeyPair, error)) string {
 	return pub
 }
 
-func identities(t *testing.T) client.Identities {
+func identities(t testing.TB) client.Identities {
 	return client.Identities{
 		Supervisor: client.Identity{ID: userKey(t)}, Executor: client.Identity{ID: userKey(t)}, Serve: client.Identity{ID: userKey(t)},
 		GoalWriter: client.Identity{ID: userKey(t)}, SessionLedger: client.Identity{ID: userKey(t)},

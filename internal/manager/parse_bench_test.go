@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/body"
 )
@@ -16,26 +14,11 @@ import (
 //
 //	go test -run '^$' -bench ParseRenewal ./internal/manager
 func BenchmarkParseRenewal(b *testing.B) {
-	key := func(create func() (nkeys.KeyPair, error)) string {
-		kp, err := create()
-		if err != nil {
-			b.Fatal(err)
-		}
-		pub, err := kp.PublicKey()
-		if err != nil {
-			b.Fatal(err)
-		}
-		return pub
-	}
-	proof, account, epoch := "sha256:"+strings.Repeat("0", 64), key(nkeys.CreateAccount), uint64(3)
+	proof, account, epoch, ids := "sha256:"+strings.Repeat("0", 64), accountKey(b), uint64(3), identities(b)
 	data, err := json.Marshal(client.ServiceAuthority{Envelope: client.Envelope{
 		V: 1, Kind: Kind, Space: "default", Actor: "cli",
 		InstanceID: strings.Repeat("a", 26), ManagerLifecycleUID: strings.Repeat("b", 26), RequestID: strings.Repeat("r", 22),
-		Identities: &client.Identities{
-			Supervisor: client.Identity{ID: key(nkeys.CreateUser)}, Executor: client.Identity{ID: key(nkeys.CreateUser)},
-			Serve: client.Identity{ID: key(nkeys.CreateUser)}, GoalWriter: client.Identity{ID: key(nkeys.CreateUser)},
-			SessionLedger: client.Identity{ID: key(nkeys.CreateUser)},
-		},
+		Identities:        &ids,
 		RegistrationProof: &proof, AccountPublicKey: &account, ProcessEpoch: &epoch,
 	}, Operation: OpRenew})
 	if err != nil {
