@@ -92,7 +92,7 @@ func (s *Supervisor) resolveGenerations(ctx context.Context, l lifecycle) error 
 			}
 			continue
 		}
-		if _, err := s.Resolve(ctx, o.Row.Ref); err != nil {
+		if _, err := s.resolve(ctx, o.Row.Ref); err != nil {
 			if fault.CodeOf(err) == fault.PermissionDenied {
 				return endedRefusal(l.owner, err)
 			}
@@ -135,7 +135,7 @@ func (s *Supervisor) record(ctx context.Context, l lifecycle, d subjects.Duty, c
 		return s.confirm(ctx, l, o.Row.Ref, c)
 	}
 	ref := Ref{Space: s.Space, Owner: l.owner, Actor: subjects.DutyActor(d, l.iid, ""), UID: l.uid, Generation: subjects.NewSecret(16)}
-	staged, err := s.Stage(ctx, Evidence{Ref: ref, Ceiling: c})
+	staged, err := s.stageEvidence(ctx, Evidence{Ref: ref, Ceiling: c})
 	if err != nil {
 		return fault.Store(err, "staging the %s generation of instance %s", d, l.iid)
 	}
@@ -172,7 +172,7 @@ func (s *Supervisor) record(ctx context.Context, l lifecycle, d subjects.Duty, c
 
 // confirm resolves ref (an ended generation ends the lifecycle) and confirms ceiling c.
 func (s *Supervisor) confirm(ctx context.Context, l lifecycle, ref Ref, c Ceiling) error {
-	ev, err := s.Resolve(ctx, ref)
+	ev, err := s.resolve(ctx, ref)
 	if fault.CodeOf(err) == fault.PermissionDenied {
 		return endedRefusal(l.owner, err)
 	}

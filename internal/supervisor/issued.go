@@ -131,9 +131,9 @@ func digest(raw []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Stage creates ev's evidence and its attempt `prepared`, each create-only; a generation that
-// exists is a conflict. It returns the staged attempt, for Release.
-func (s *Supervisor) Stage(ctx context.Context, ev Evidence) (*fence.Observed[attempt], error) {
+// stageEvidence creates ev's evidence and its attempt `prepared`, each create-only; a
+// generation that exists is a conflict. It returns the staged attempt, for Release.
+func (s *Supervisor) stageEvidence(ctx context.Context, ev Evidence) (*fence.Observed[attempt], error) {
 	ev.Version, ev.Sources = 1, []string{}
 	o, err := s.evidenceOf(ev.Ref).Observe(ctx)
 	if err != nil {
@@ -170,10 +170,10 @@ func (s *Supervisor) Release(ctx context.Context, ref Ref, staged *fence.Observe
 	return nil
 }
 
-// Resolve returns ref's evidence if the generation authorizes now: its evidence exists, its
+// resolve returns ref's evidence if the generation authorizes now: its evidence exists, its
 // attempt is active and names that evidence, it has not expired, and a second read of the
 // attempt finds it unmoved. Anything else is permission-denied; a store failure is unavailable.
-func (s *Supervisor) Resolve(ctx context.Context, ref Ref) (*Evidence, error) {
+func (s *Supervisor) resolve(ctx context.Context, ref Ref) (*Evidence, error) {
 	denied := func(why string, args ...any) (*Evidence, error) {
 		return nil, fault.New(fault.PermissionDenied, "generation %s of %s does not resolve: %s", ref.Generation, ref.Actor, fmt.Sprintf(why, args...))
 	}

@@ -72,7 +72,7 @@ func ref(gen string) Ref {
 func (e *env) released(t *testing.T, gen string) Ref {
 	t.Helper()
 	r := ref(gen)
-	staged, err := e.s.Stage(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()})
+	staged, err := e.s.stageEvidence(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,34 +92,34 @@ func wantDenied(t *testing.T, what string, err error, text string) {
 func TestAStagedGenerationResolvesOnlyOnceReleased(t *testing.T) {
 	e := newEnv(t)
 	r := ref("g1")
-	staged, err := e.s.Stage(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()})
+	staged, err := e.s.stageEvidence(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.s.Resolve(ctx(t), r)
+	_, err = e.s.resolve(ctx(t), r)
 	wantDenied(t, "staged", err, "it is prepared")
 	if err := e.s.Release(ctx(t), r, staged); err != nil {
 		t.Fatal(err)
 	}
-	ev, err := e.s.Resolve(ctx(t), r)
+	ev, err := e.s.resolve(ctx(t), r)
 	if err != nil || ev.Ref != r || ev.Key != testKey {
 		t.Fatalf("released: got %+v, %v; want the evidence", ev, err)
 	}
-	if _, err := e.s.Stage(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()}); fault.CodeOf(err) != fault.Conflict {
+	if _, err := e.s.stageEvidence(ctx(t), Evidence{Ref: r, Ceiling: e.ceiling()}); fault.CodeOf(err) != fault.Conflict {
 		t.Fatalf("staging the generation again: got %v, want conflict", err)
 	}
 }
 
 func TestResolveRefusesAGenerationThatIsNotActive(t *testing.T) {
 	e := newEnv(t)
-	_, err := e.s.Resolve(ctx(t), ref("never"))
+	_, err := e.s.resolve(ctx(t), ref("never"))
 	wantDenied(t, "never staged", err, "no evidence")
 
 	r := e.released(t, "g1")
 	if err := e.s.Retire(ctx(t), r); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.s.Resolve(ctx(t), r)
+	_, err = e.s.resolve(ctx(t), r)
 	wantDenied(t, "retired", err, "it is revoked")
 }
 
@@ -127,7 +127,7 @@ func TestResolveRefusesAnExpiredGeneration(t *testing.T) {
 	e := newEnv(t)
 	r := e.released(t, "g1")
 	e.advance(time.Hour)
-	_, err := e.s.Resolve(ctx(t), r)
+	_, err := e.s.resolve(ctx(t), r)
 	wantDenied(t, "at its end", err, "it expired")
 }
 
@@ -152,9 +152,9 @@ func TestResolveRefusesAGenerationThatMovesBetweenItsTwoReads(t *testing.T) {
 	e := newEnv(t)
 	r := e.released(t, "g1")
 	e.s.Issued = &movingKV{KV: e.issued, key: subjects.AttemptKey(r.key())}
-	_, err := e.s.Resolve(ctx(t), r)
+	_, err := e.s.resolve(ctx(t), r)
 	wantDenied(t, "moved", err, "it moved while it was read")
-	if _, err := e.s.Resolve(ctx(t), r); err != nil {
+	if _, err := e.s.resolve(ctx(t), r); err != nil {
 		t.Fatalf("read again, unmoved: got %v, want it resolved", err)
 	}
 }
@@ -162,7 +162,7 @@ func TestResolveRefusesAGenerationThatMovesBetweenItsTwoReads(t *testing.T) {
 func TestConfirmRefusesADifferentCeiling(t *testing.T) {
 	e := newEnv(t)
 	r := e.released(t, "g1")
-	ev, err := e.s.Resolve(ctx(t), r)
+	ev, err := e.s.resolve(ctx(t), r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestRetireIsIdempotentAndFinal(t *testing.T) {
 	}
 	active := e.released(t, "active")
 	staged := ref("staged")
-	if _, err := e.s.Stage(ctx(t), Evidence{Ref: staged, Ceiling: e.ceiling()}); err != nil {
+	if _, err := e.s.stageEvidence(ctx(t), Evidence{Ref: staged, Ceiling: e.ceiling()}); err != nil {
 		t.Fatal(err)
 	}
 	absent := ref("absent")
@@ -224,7 +224,7 @@ func TestRetireIsIdempotentAndFinal(t *testing.T) {
 		}
 	}
 	// A retired generation is never released: not a staged one, not one never staged.
-	if _, err := e.s.Stage(ctx(t), Evidence{Ref: absent, Ceiling: e.ceiling()}); fault.CodeOf(err) != fault.Conflict {
+	if _, err := e.s.stageEvidence(ctx(t), Evidence{Ref: absent, Ceiling: e.ceiling()}); fault.CodeOf(err) != fault.Conflict {
 		t.Fatalf("staging a generation retired before it was staged: got %v, want conflict", err)
 	}
 }
@@ -269,7 +269,7 @@ func TestTheLoserOfAConcurrentFirstIssuanceRetiresItsOwnGenerationAndConfirmsThe
 		t.Fatalf("the loser staged %v, want one generation", issued.created)
 	}
 	parts := strings.Split(issued.created[0], ".")
-	_, err = e.s.Resolve(ctx(t), ref(parts[len(parts)-1]))
+	_, err = e.s.resolve(ctx(t), ref(parts[len(parts)-1]))
 	wantDenied(t, "the loser's own generation", err, "it is revoked")
 	// And the accepted row is written once: a second record only confirms.
 	before := e.accepted.Revision()
