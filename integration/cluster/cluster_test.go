@@ -3,8 +3,6 @@ package cluster
 import (
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/bench"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/internal/testkit"
@@ -39,22 +38,11 @@ func startCluster(t testing.TB, spaceName string, n int) *cluster {
 	t.Helper()
 	root, spaceDir, m := harness.NewSpaceMaterial(t, spaceName)
 	c := &cluster{material: m, spaceDir: spaceDir}
-	ports := harness.FreePorts(t, n)
-	var routes []string
-	for _, port := range ports {
-		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", port)))
+	confs, err := bench.WriteClusterConfs(m, root, "cotal-"+spaceName, harness.FreePorts(t, n))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i := range n {
-		name := fmt.Sprintf("n%d", i+1)
-		conf := m.ServerConf(filepath.Join(root, name), "127.0.0.1:-1") +
-			fmt.Sprintf("\nserver_name: %q\ncluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
-				name, "cotal-"+spaceName, ports[i], strings.Join(routes, ", "))
-		path := filepath.Join(root, name+".conf")
-		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		c.confs = append(c.confs, path)
-	}
+	c.confs = confs
 	for _, conf := range c.confs {
 		s := harness.RunServerConf(t, conf)
 		c.servers = append(c.servers, s)
@@ -80,24 +68,7 @@ func (c *cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", 
 // knows every server online (until then it refuses a replicated stream: "peer offline").
 func (c *cluster) waitFormed(t testing.TB) {
 	t.Helper()
-	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		leaders := 0
-		for _, s := range c.servers {
-			if got := s.NumRemotes(); got != len(c.servers)-1 {
-				return fmt.Errorf("server %s routes to %d servers, want %d", s.Name(), got, len(c.servers)-1)
-			}
-			if s.JetStreamIsLeader() {
-				leaders++
-				if got := len(s.JetStreamClusterPeers()); got != len(c.servers) {
-					return fmt.Errorf("the meta leader knows %d servers online, want %d", got, len(c.servers))
-				}
-			}
-		}
-		if leaders != 1 {
-			return fmt.Errorf("%d JetStream meta leaders, want 1", leaders)
-		}
-		return nil
-	})
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error { return bench.Formed(c.servers) })
 }
 
 // restart shuts server i down and runs it again from its configuration and store, and waits

@@ -48,23 +48,15 @@ func StartCluster(dir, spaceName string, n int, unsynced bool) (_ *Cluster, err 
 	}
 	// A clustered JetStream server needs its routes before it starts, so their ports are picked
 	// first: free now, listened on by the servers a moment later.
-	ports, err := freePorts(n)
+	ports, err := FreePorts(n)
 	if err != nil {
 		return nil, err
 	}
-	var routes []string
-	for _, port := range ports {
-		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", port)))
+	confs, err := WriteClusterConfs(m, dir, "bench-"+spaceName, ports)
+	if err != nil {
+		return nil, err
 	}
-	for i := range n {
-		name := fmt.Sprintf("n%d", i+1)
-		conf := m.ServerConf(filepath.Join(dir, name), "127.0.0.1:-1") +
-			fmt.Sprintf("\nserver_name: %q\ncluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
-				name, "bench-"+spaceName, ports[i], strings.Join(routes, ", "))
-		path := filepath.Join(dir, name+".conf")
-		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-			return nil, err
-		}
+	for i, path := range confs {
 		opts, err := server.ProcessConfigFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("nats-server refuses %s: %w", path, err)
@@ -73,7 +65,7 @@ func StartCluster(dir, spaceName string, n int, unsynced bool) (_ *Cluster, err 
 		opts.SyncAlways = opts.SyncAlways && !unsynced
 		s, err := server.NewServer(opts)
 		if err != nil {
-			return nil, fmt.Errorf("server %s: %w", name, err)
+			return nil, fmt.Errorf("server n%d: %w", i+1, err)
 		}
 		c.servers = append(c.servers, s)
 		go s.Start()
@@ -90,7 +82,7 @@ func StartCluster(dir, spaceName string, n int, unsynced bool) (_ *Cluster, err 
 func (c *Cluster) waitFormed() error {
 	deadline := time.Now().Add(clusterFormTimeout)
 	for {
-		err := c.formed()
+		err := Formed(c.servers)
 		if err == nil {
 			return nil
 		}
@@ -101,17 +93,19 @@ func (c *Cluster) waitFormed() error {
 	}
 }
 
-func (c *Cluster) formed() error {
+// Formed reports whether servers have formed one cluster: every server routes to every other,
+// and one JetStream meta leader is elected that knows every server online (until then it
+// refuses a replicated stream: "peer offline").
+func Formed(servers []*server.Server) error {
 	leaders := 0
-	for _, s := range c.servers {
-		if got := s.NumRemotes(); got != len(c.servers)-1 {
-			return fmt.Errorf("server %s routes to %d servers, want %d", s.Name(), got, len(c.servers)-1)
+	for _, s := range servers {
+		if got := s.NumRemotes(); got != len(servers)-1 {
+			return fmt.Errorf("server %s routes to %d servers, want %d", s.Name(), got, len(servers)-1)
 		}
 		if s.JetStreamIsLeader() {
 			leaders++
-			// Until it has heard from every server, it refuses a replicated stream ("peer offline").
-			if got := len(s.JetStreamClusterPeers()); got != len(c.servers) {
-				return fmt.Errorf("the meta leader knows %d servers online, want %d", got, len(c.servers))
+			if got := len(s.JetStreamClusterPeers()); got != len(servers) {
+				return fmt.Errorf("the meta leader knows %d servers online, want %d", got, len(servers))
 			}
 		}
 	}
@@ -143,8 +137,32 @@ func (c *Cluster) Shutdown() {
 	}
 }
 
-// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment ago.
-func freePorts(n int) ([]int, error) {
+// WriteClusterConfs writes under dir the configuration of one server a route port of ports,
+// each configured from m the way `authplane init` configures one, plus a cluster block named
+// name: a unique server name (n1, n2, ...), its route listener, and routes to every server, so
+// any one can be restarted. It returns the files' paths.
+func WriteClusterConfs(m *space.Keys, dir, name string, ports []int) ([]string, error) {
+	var routes []string
+	for _, port := range ports {
+		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", port)))
+	}
+	var paths []string
+	for i, port := range ports {
+		node := fmt.Sprintf("n%d", i+1)
+		conf := m.ServerConf(filepath.Join(dir, node), "127.0.0.1:-1") +
+			fmt.Sprintf("\nserver_name: %q\ncluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n",
+				node, name, port, strings.Join(routes, ", "))
+		path := filepath.Join(dir, node+".conf")
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			return nil, err
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
+}
+
+// FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment ago.
+func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var ls []net.Listener
 	defer func() {

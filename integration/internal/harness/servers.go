@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/cotal-ai/authplane/internal/bench"
 	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/service"
 )
@@ -144,14 +145,9 @@ func portInUse(port int) string {
 // FreePorts returns n distinct free TCP ports on 127.0.0.1.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports, err := bench.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }
