@@ -27,6 +27,7 @@ const (
 	NotFound           Code = "not-found"
 	Conflict           Code = "conflict"
 	AlreadyExists      Code = "already-exists"
+	Expired            Code = "expired"
 	FailedPrecondition Code = "failed-precondition"
 	ResourceExhausted  Code = "resource-exhausted"
 	Internal           Code = "internal"
@@ -47,7 +48,7 @@ var wire = map[Code]struct{ numeric, status int }{
 	NotFound:           {404, http.StatusNotFound},
 	Conflict:           {409, http.StatusConflict},
 	AlreadyExists:      {409, http.StatusConflict},
-	"expired":          {410, http.StatusGone}, // documented in docs/PROTOCOL.md; answered by nothing yet
+	Expired:            {410, http.StatusGone},
 	FailedPrecondition: {412, http.StatusPreconditionFailed},
 	ResourceExhausted:  {429, http.StatusTooManyRequests},
 	Internal:           {500, http.StatusInternalServerError},

@@ -15,7 +15,7 @@ import (
 func TestEveryCodeHasOneNumberAndOneStatus(t *testing.T) {
 	want := map[Code][2]int{
 		BadRequest: {400, 400}, Unauthenticated: {401, 401}, PermissionDenied: {403, 403}, NotFound: {404, 404},
-		Conflict: {409, 409}, AlreadyExists: {409, 409}, "expired": {410, 410}, FailedPrecondition: {412, 412},
+		Conflict: {409, 409}, AlreadyExists: {409, 409}, Expired: {410, 410}, FailedPrecondition: {412, 412},
 		ResourceExhausted: {429, 429}, Internal: {500, 500}, Unimplemented: {501, 501}, Unavailable: {503, 503},
 		MethodNotAllowed: {405, 405}, UnsupportedMediaType: {415, 415}, TooLarge: {413, 413},
 	}
