@@ -10,6 +10,12 @@ import (
 	"github.com/cotal-ai/authplane/internal/fault"
 )
 
+// Spend is one want of a stored tenant budget, and the refusal when its budget cannot give it.
+type Spend struct {
+	budget.Want
+	Refusal *fault.Error
+}
+
 // KeyBudgets bound how many keys an owner claims anew, and how many it has the broker choose
 // (the auth callout's users, one for each connection): each is one more `minted` record in the
 // stream every tenant shares. Both are kept in the store (budget.Stored): they hold per space,

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/budget"
 	"github.com/cotal-ai/authplane/internal/claim"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -117,12 +116,6 @@ type Plan struct {
 	// the first commit (the supervisor stages its generations here). An error discards the
 	// mint; a *fault.Error is answered as it is.
 	Hook func(ctx context.Context, creds []Credential) error
-}
-
-// Spend is one want of a stored tenant budget, and the refusal when its budget cannot give it.
-type Spend struct {
-	budget.Want
-	Refusal *fault.Error
 }
 
 // Credential is one signed credential.
