@@ -303,9 +303,12 @@ func OpsConn(t testing.TB, p *TestPlane, owner, actor string, opts ...nats.Optio
 }
 
 // ConnectCreds connects to url with the .creds file at path and owner.actor's inbox prefix.
+// The connect is bounded by nats.go's 2 s, stretched by the machine's load: a race-built
+// broker in the test process, beside parallel tests at a load of 10, has missed the 2 s.
 func ConnectCreds(t testing.TB, url, path, owner, actor string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	all := append([]nats.Option{
+		nats.Timeout(testkit.Stretched(nats.DefaultTimeout)),
 		nats.UserCredentials(path),
 		nats.CustomInboxPrefix(subjects.InboxPrefix(owner, actor)),
 		nats.Name("test " + subjects.Principal(owner, actor)),
