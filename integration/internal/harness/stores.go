@@ -62,7 +62,7 @@ func streamOf(name string) string {
 // record stream), read from its leader; jetstream.ErrMsgNotFound if there is none.
 func LastMsg(t testing.TB, p *TestPlane, name, subject string) (*jetstream.RawStreamMsg, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Stretched(5*time.Second))
 	defer cancel()
 	st, err := p.JS(t).Stream(ctx, streamOf(name))
 	if err != nil {
@@ -93,7 +93,7 @@ func ReadRecord(t testing.TB, p *TestPlane, stream, subject string, v any) {
 // LastSeq is the last sequence of a stream (KV_<bucket> for a bucket name).
 func LastSeq(t testing.TB, p *TestPlane, name string) uint64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Stretched(5*time.Second))
 	defer cancel()
 	s, err := p.JS(t).Stream(ctx, streamOf(name))
 	if err != nil {
