@@ -34,7 +34,9 @@ func TestNoOwnerCanStopAnotherOwnersEndFromRevoking(t *testing.T) {
 	mutate := func(c *service.Config) {
 		harness.AgainstStandalone(sa)(c)
 		c.MaxInstancesPerOwner = budget
-		c.RequestTimeout = 10 * time.Second // first prepares wait for a signing; the machine may be loaded
+		// First prepares wait for a signing, and an end for the broker's confirmation: under
+		// -race beside the other tests an end has missed a plain 10 s.
+		c.RequestTimeout = testkit.Stretched(10 * time.Second)
 		c.Hooks = &service.Hooks{SignersCapacity: capacity}
 	}
 	p1, p2 := harness.StartPlane(t, mutate), harness.StartPlane(t, mutate)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -67,9 +68,9 @@ func SupervisedPlane(t testing.TB, mutate func(*service.Config), end time.Time) 
 	return p, pa, s
 }
 
-// CallCtx is a context for one call.
+// CallCtx is a context for one call: 15 s, stretched by the machine's load.
 func CallCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Stretched(15*time.Second))
 	t.Cleanup(cancel)
 	return ctx
 }
