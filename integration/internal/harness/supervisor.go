@@ -17,7 +17,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -68,9 +67,11 @@ func SupervisedPlane(t testing.TB, mutate func(*service.Config), end time.Time) 
 	return p, pa, s
 }
 
-// CallCtx is a context for one call: 15 s, stretched by the machine's load.
+// CallCtx is a context for one call: 15 s, as a client would give it. It is not stretched by
+// the machine's load: a caller that retries (testkit.CheckFor around an end while a node is
+// down) needs each unanswered call to give up in time for the next.
 func CallCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testkit.Stretched(15*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
