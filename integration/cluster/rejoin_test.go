@@ -237,9 +237,14 @@ func TestARejoiningNodeAdmitsNoEndedCredentialPastTheBound(t *testing.T) {
 				window = max(window, at.Sub(first))
 			}
 			p.mu.Unlock()
-			if n := p.open(); n > 0 {
-				t.Errorf("rejoin %d: %d connections n%d admitted are still open after it got the newest JWT", r, n, k+1)
-			}
+			// What the push did not close (an authentication under way as it landed), the
+			// plane's listing a second after the push kicks: each is closed within the bound.
+			testkit.CheckFor(t, testkit.Stretched(RejoinBound), 20*time.Millisecond, func() error {
+				if n := p.open(); n > 0 {
+					return fmt.Errorf("rejoin %d: %d connections n%d admitted are still open after it got the newest JWT", r, n, k+1)
+				}
+				return nil
+			})
 		}
 		windows = append(windows, window)
 		t.Logf("rejoin %d (n%d, first client %s): routed %s after its first client, the newest JWT in place after %s, last admission after %s",
