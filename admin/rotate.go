@@ -99,8 +99,8 @@ func OpenSigning(ctx context.Context, m *space.Keys, natsURL string) (_ *Signing
 		if err != nil {
 			return nil, err
 		}
-		set.Sign = func(keys []string) (string, int64, error) {
-			return m.DataAccountJWT(space.DataPolicy{MaxConnections: limit, Signers: keys})
+		set.Sign = func(keys []string, held map[string]int64) (string, int64, error) {
+			return m.DataAccountJWT(space.DataPolicy{MaxConnections: limit, Signers: keys, Revoked: held})
 		}
 		if set.Capacity, err = signers.Capacity(set.Sign, nc.MaxPayload()); err != nil {
 			return nil, err

@@ -32,18 +32,26 @@ const (
 // user needs its slot) and every ReconcileEvery after, and kicks what the ledger says.
 func (p *Plane) watchConnections(ctx context.Context) error {
 	cfg := p.cfg
+	hold := conns.DefaultHold
+	if cfg.Hooks != nil && cfg.Hooks.ConnectionHold > 0 {
+		hold = cfg.Hooks.ConnectionHold
+	}
 	p.conns = conns.New(conns.Budgets{
 		PerPrincipal: int(cfg.MaxConnectionsPerPrincipal),
 		PerOwner:     int(cfg.MaxConnectionsPerOwner),
 		Tenants:      int(cfg.MaxConnections - cfg.ReservedConnections),
 		Reserved:     int(cfg.ReservedConnections),
 		Backoff:      conns.DefaultBackoff,
+		Hold:         hold,
 	}, cfg.Now)
 	p.metrics.Connections(func() (int, int) { c := p.conns.Counts(); return c.Tenants, c.Plane })
 	acct := p.dataAccount
 	queue := make(chan conns.Kick, kickQueue)
 	enqueue := func(kicks []conns.Kick) {
 		for _, k := range kicks {
+			if !k.HoldUntil.IsZero() {
+				p.hold(k)
+			}
 			select {
 			case queue <- k:
 			default:
@@ -94,6 +102,15 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 	})
 	p.onClose("stop keeping the connection budgets", func() error { close(stop); kickers.Wait(); return nil })
 	return nil
+}
+
+// hold holds k's user key out at the broker until k.HoldUntil: it keeps connecting in its
+// back-off, and each of its connections takes one of the account's slots until its kick lands.
+func (p *Plane) hold(k conns.Kick) {
+	p.signers.Hold(k.User, conns.OwnerOf(k.Principal), k.HoldUntil)
+	p.metrics.ConnectionRefused(conns.BudgetBackoff, "hold")
+	p.log.Warn("a JWT user kept connecting past its connection cap in its back-off; its key is held out at the broker, every connection of it closed",
+		"principal", k.Principal, "user", k.User, "until", k.HoldUntil.UTC().Format(time.RFC3339))
 }
 
 // reconcile lists the data account's connections and puts the ledger right with them; it

@@ -28,6 +28,9 @@ type Hooks struct {
 	// SignersBroker, when set, wraps the broker the signer set pushes to and reads back from
 	// (a fault injected between them).
 	SignersBroker func(signers.Broker) signers.Broker
+	// ConnectionHold, when set, is how long a JWT user's key that keeps connecting in its
+	// back-off is held out at the broker, instead of conns.DefaultHold.
+	ConnectionHold time.Duration
 	// RotationTick, when set, is how often a rotation of the signing keys is resumed (and a
 	// scheduled one begun), instead of every RotationTick.
 	RotationTick time.Duration

@@ -52,8 +52,8 @@ func (p *Plane) newSigners(system *nats.Conn) error {
 	if p.keys.OperatorSigner == nil {
 		return nil // every credential is signed with the data account's own key
 	}
-	p.signers.Sign = func(keys []string) (string, int64, error) {
-		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Signers: keys})
+	p.signers.Sign = func(keys []string, held map[string]int64) (string, int64, error) {
+		return p.keys.DataAccountJWT(space.DataPolicy{MaxConnections: p.cfg.MaxConnections, Signers: keys, Revoked: held})
 	}
 	if p.info.Embedded {
 		p.signers.Keep = func(token string) error {
@@ -111,6 +111,17 @@ func (p *Plane) recheckSigners() {
 				p.log.Warn("a server of the broker did not list the data account's live signing keys (an older account JWT was pushed); signed and pushed them again")
 			case err != nil:
 				p.log.Warn("the broker's signing keys were not checked against the set; checked again in "+every.String(), "err", err)
+			}
+		})
+	})
+	// A key held out (Hold) is let in again within a second of its time.
+	p.untilClose("stop releasing held keys", func(ctx context.Context) {
+		onEveryTick(ctx, time.Second, false, func() {
+			rctx, cancel := context.WithTimeout(ctx, p.cfg.RequestTimeout)
+			err := p.signers.ReleaseHolds(rctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				p.log.Warn("a key held out at the broker is past its time and the account was not signed without it; tried again in a second", "err", err)
 			}
 		})
 	})

@@ -130,9 +130,9 @@ func benchSigners(t Target, gates fence.KV, s *side) (*signers.Set, error) {
 	}
 	return &signers.Set{Gates: gates, Account: t.Keys.Data.Public(), Keys: keys, Broker: s.data, Now: time.Now,
 		Capacity: t.InstanceCapacity, Settle: time.Hour,
-		Sign: func(signing []string) (string, int64, error) {
-			// What the plane signs: its limits, and the keys.
-			return t.Keys.DataAccountJWT(space.DataPolicy{MaxConnections: t.MaxConnections, Signers: signing})
+		Sign: func(signing []string, held map[string]int64) (string, int64, error) {
+			// What the plane signs: its limits, the keys and the held.
+			return t.Keys.DataAccountJWT(space.DataPolicy{MaxConnections: t.MaxConnections, Signers: signing, Revoked: held})
 		}}, nil
 }
 

@@ -24,7 +24,7 @@ func (l *Ledger) Admit(principal string) (release func(), err error) {
 	defer l.mu.Unlock()
 	now := l.now()
 	l.expire(now)
-	owner := ownerOf(principal)
+	owner := OwnerOf(principal)
 	held, heldByOwner := len(l.pendingOf[principal]), l.pendingOwner[owner]
 	if h := l.holders[principal]; h != nil {
 		held += h.live
@@ -61,7 +61,7 @@ func (l *Ledger) settle(p *pending) {
 	}
 	p.done = true
 	l.nPending--
-	if owner := ownerOf(p.principal); l.pendingOwner[owner] <= 1 {
+	if owner := OwnerOf(p.principal); l.pendingOwner[owner] <= 1 {
 		delete(l.pendingOwner, owner)
 	} else {
 		l.pendingOwner[owner]--

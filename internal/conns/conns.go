@@ -52,7 +52,22 @@ type Budgets struct {
 	// out: the callout refuses it and each new connection of it is kicked, so one that
 	// reconnects as soon as it is kicked does not churn through the account's connections.
 	Backoff time.Duration
+	// Hold is how long a JWT user's key that keeps connecting in its back-off (ChurnKicks
+	// kicks) is held out at the broker: the broker lets a JWT user in on its JWT alone, so its
+	// kicked connections take the account's slots until their kicks land, and only the data
+	// account's JWT can refuse it before it takes one (0: never).
+	Hold time.Duration
 }
+
+// ChurnKicks is how many connections of one JWT user's key the ledger kicks in its back-off
+// before it asks for the key to be held out at the broker: a nats.go client of the default
+// options, kicked, reconnects after 2 s, so this is some five such clients of one key over
+// their cap, or one that reconnects as soon as it is kicked, within a few milliseconds.
+const ChurnKicks = 10
+
+// DefaultHold is the Hold of the plane's ledger: a key that churned is out for a minute, every
+// connection of it closed, so its client's churn costs the account's slots a moment a minute.
+const DefaultHold = time.Minute
 
 // DefaultBackoff is the Backoff of the plane's ledger: longer than the 2 s a client of the
 // default nats.go options waits before it reconnects, so a client that reconnects at once is
@@ -93,9 +108,9 @@ type owned struct {
 	capped  int
 }
 
-// ownerOf is the owner of principal (`<owner>.<actor>`: owners have no dot); a name with no
+// OwnerOf is the owner of principal (`<owner>.<actor>`: owners have no dot); a name with no
 // dot is its own.
-func ownerOf(principal string) string {
+func OwnerOf(principal string) string {
 	owner, _, _ := strings.Cut(principal, ".")
 	return owner
 }
@@ -118,8 +133,10 @@ type Ledger struct {
 	overReserve  bool
 	// gone are the disconnects heard, so a listing taken before one does not bring it back.
 	gone map[key]time.Time
-	// backoff holds, by principal or owner (an owner has no dot), when its back-off ends.
+	// backoff holds, by principal or owner (an owner has no dot), when its back-off ends;
+	// churn, by JWT user key, its connections kicked in a back-off.
 	backoff map[string]time.Time
+	churn   map[string]churned
 	// pending, oldest first (every slot waits PendingFor), and per principal.
 	pending      []*pending
 	pendingOf    map[string][]*pending
@@ -134,13 +151,15 @@ func New(b Budgets, now func() time.Time) *Ledger {
 	}
 	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, owners: map[string]*owned{},
 		plane: map[key]time.Time{}, gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}, pendingOwner: map[string]int{},
-		backoff: map[string]time.Time{}}
+		backoff: map[string]time.Time{}, churn: map[string]churned{}}
 }
 
-// Kick is a connection to close and the budget it is past.
+// Kick is a connection to close and the budget it is past. A non-zero HoldUntil asks for its
+// user's key to be held out at the broker until then: it keeps connecting in its back-off.
 type Kick struct {
 	broker.Connection
-	Budget string
+	Budget    string
+	HoldUntil time.Time
 }
 
 // setKicked marks c kicked or live again, keeping the counts.
@@ -190,13 +209,13 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 	l.connectedSlot(c)
 	if l.backingOff(c.Principal, now) {
 		l.setKicked(l.conns[k], true)
-		return []Kick{{c, BudgetBackoff}}
+		return []Kick{{Connection: c, Budget: BudgetBackoff, HoldUntil: l.churning(c, now)}}
 	}
 	kicks := l.enforce(c.Principal)
 	kicks = append(kicks, l.enforceOwner(l.holders[c.Principal].owner)...)
 	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
 		l.setKicked(nc, true)
-		kicks = append(kicks, Kick{c, BudgetTenants})
+		kicks = append(kicks, Kick{Connection: c, Budget: BudgetTenants})
 	}
 	return kicks
 }
@@ -213,7 +232,7 @@ func (l *Ledger) add(c broker.Connection, now time.Time) bool {
 	l.conns[k] = nc
 	h := l.holders[c.Principal]
 	if h == nil {
-		name := ownerOf(c.Principal)
+		name := OwnerOf(c.Principal)
 		o := l.owners[name]
 		if o == nil {
 			o = &owned{name: name, holders: map[string]*holder{}}
@@ -258,7 +277,7 @@ func (l *Ledger) enforce(principal string) []Kick {
 	for i := len(h.conns) - 1; i >= 0 && h.live > l.budgets.PerPrincipal; i-- {
 		if c := h.conns[i]; !c.kicked {
 			l.setKicked(c, true)
-			kicks = append(kicks, Kick{c.Connection, BudgetPrincipal})
+			kicks = append(kicks, Kick{Connection: c.Connection, Budget: BudgetPrincipal})
 		}
 	}
 	if len(kicks) > 0 {
@@ -285,26 +304,6 @@ func (l *Ledger) enforceOwner(o *owned) []Kick {
 	return l.kickNewest(live, func() bool { return o.capped > l.budgets.PerOwner }, BudgetOwner)
 }
 
-// backOff starts the back-off of name, a principal or an owner, from now.
-func (l *Ledger) backOff(name string) {
-	if l.budgets.Backoff > 0 {
-		l.backoff[name] = l.now().Add(l.budgets.Backoff)
-	}
-}
-
-// backingOff reports whether principal, or its owner, is in its back-off at now.
-func (l *Ledger) backingOff(principal string, now time.Time) bool {
-	for _, name := range []string{principal, ownerOf(principal)} {
-		if until, ok := l.backoff[name]; ok {
-			if now.Before(until) {
-				return true
-			}
-			delete(l.backoff, name)
-		}
-	}
-	return false
-}
-
 // kickNewest marks kicked, and returns, the newest of live while over says they are past
 // budget.
 func (l *Ledger) kickNewest(live []*conn, over func() bool, budget string) []Kick {
@@ -315,7 +314,7 @@ func (l *Ledger) kickNewest(live []*conn, over func() bool, budget string) []Kic
 			break
 		}
 		l.setKicked(c, true)
-		kicks = append(kicks, Kick{c.Connection, budget})
+		kicks = append(kicks, Kick{Connection: c.Connection, Budget: budget})
 	}
 	return kicks
 }
@@ -376,6 +375,11 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 	for name, until := range l.backoff {
 		if !now.Before(until) {
 			delete(l.backoff, name)
+		}
+	}
+	for user, ch := range l.churn {
+		if !now.Before(ch.until) {
+			delete(l.churn, user)
 		}
 	}
 	// A disconnect heard before this listing was asked for is reflected in it.

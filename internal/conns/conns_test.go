@@ -325,3 +325,52 @@ func TestAConnectionKickedPastItsCapBacksOffItsPrincipalOrOwner(t *testing.T) {
 		t.Errorf("the owner after its back-off: %v", err)
 	}
 }
+
+// A JWT user's key that keeps connecting in its back-off is asked to be held out at the
+// broker once, at its ChurnKicks-th kick there, until Hold from then; a callout user's (the
+// callout refuses it) and a key kicked fewer times are not; past the back-off the count starts
+// again.
+func TestAKeyThatKeepsConnectingInItsBackoffIsHeldOut(t *testing.T) {
+	c := &clock{now: t0}
+	l := New(Budgets{PerPrincipal: 1, Tenants: 1000, Reserved: 2, Backoff: 10 * time.Second, Hold: time.Minute}, c.Now)
+	cid := uint64(0)
+	connect := func(principal, user string, callout bool) Kick {
+		t.Helper()
+		cid++
+		conn := jwtConn(principal, cid)
+		conn.User, conn.Callout = user, callout
+		kicks := l.Connected(conn)
+		if len(kicks) != 1 {
+			t.Fatalf("connection %d of %s: got kicks %v, want it kicked", cid, principal, cids(kicks))
+		}
+		l.Disconnected("s1", cid)
+		return kicks[0]
+	}
+	l.Connected(broker.Connection{Server: "s1", CID: 1000, Principal: "o.a", User: "UA", Start: t0})
+	l.Connected(broker.Connection{Server: "s1", CID: 1001, Principal: "o.b", Start: t0})
+	var held []int
+	for i := 1; i <= 3*ChurnKicks; i++ {
+		if k := connect("o.a", "UA", false); !k.HoldUntil.IsZero() {
+			if want := c.now.Add(time.Minute); !k.HoldUntil.Equal(want) {
+				t.Errorf("held until %v, want %v", k.HoldUntil, want)
+			}
+			held = append(held, i)
+		}
+		if k := connect("o.b", "", true); !k.HoldUntil.IsZero() {
+			t.Fatal("a callout user's connection asked for a hold: its key is the callout's to refuse")
+		}
+		c.now = c.now.Add(100 * time.Millisecond)
+	}
+	// The first kick is past the cap (no back-off yet), so the ChurnKicks-th in the back-off is
+	// the ChurnKicks+1-th in all.
+	if !slices.Equal(held, []int{ChurnKicks + 1}) {
+		t.Fatalf("holds asked at kicks %v, want one, at the %d-th", held, ChurnKicks+1)
+	}
+	c.now = c.now.Add(20 * time.Second)
+	l.Reconcile(c.now, []broker.Connection{{Server: "s1", CID: 1000, Principal: "o.a", User: "UA", Start: t0}})
+	for range ChurnKicks - 1 {
+		if k := connect("o.a", "UA", false); !k.HoldUntil.IsZero() {
+			t.Fatal("a key kicked fewer than ChurnKicks times in a new back-off was held out")
+		}
+	}
+}

@@ -192,8 +192,8 @@ func newWorld(keys *space.Keys, cfg config) (*world, error) {
 		signing.OperatorSigner = nil
 	}
 	if cfg.signer {
-		w.sign = func(keys []string) (string, int64, error) {
-			return signing.DataAccountJWT(space.DataPolicy{Signers: keys})
+		w.sign = func(keys []string, held map[string]int64) (string, int64, error) {
+			return signing.DataAccountJWT(space.DataPolicy{Signers: keys, Revoked: held})
 		}
 	}
 	w.account = keys.Data.Public()

@@ -122,7 +122,7 @@ func (s *Set) sign(ctx context.Context, r row) (string, int64, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	return s.Sign(pubs)
+	return s.Sign(pubs, revoked(r))
 }
 
 // pubs are every signing key r lists, sorted: for each generation, its own key and those of

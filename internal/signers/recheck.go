@@ -127,6 +127,9 @@ func (s *Set) Recheck(ctx context.Context) (repushed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read the data account's signing keys: %w", err)
 	}
+	if holdsPast(cur.Row, s.Now().Unix()) {
+		return true, s.Repush(ctx, true) // a hold another replica made has passed
+	}
 	if s.wall().Sub(time.Unix(cur.Row.IssuedAt, 0)) < RecheckGrace {
 		return false, nil
 	}

@@ -185,7 +185,7 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 		switch {
 		case !write && !force:
 			return row{}, fence.ErrKeep
-		case !force && sameKeys(cur.Row.Live, next.Live) && slices.Equal(cur.Row.gens(), next.gens()):
+		case !force && sameKeys(cur.Row.Live, next.Live) && slices.Equal(cur.Row.gens(), next.gens()) && maps.Equal(cur.Row.Out, next.Out):
 			return next, nil // a write that changes no key: nothing to sign
 		}
 		t, issued, err := s.sign(ctx, next)
@@ -207,6 +207,9 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 		return nil, "", err
 	}
 	s.learn(fresh, verdicts)
+	s.mu.Lock()
+	s.learnHolds(o.Row)
+	s.mu.Unlock()
 	return o, token, nil
 }
 
@@ -220,12 +223,12 @@ func (s *Set) change(ctx context.Context, ws []*waiter, last int64, force bool, 
 // says the row must be written: every remove writes it, even of a key not on it.
 func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*waiter) (row, bool, map[*waiter]verdict, error) {
 	now := s.Now().Unix()
-	next := row{V: 1, Account: s.Account, Live: maps.Clone(cur.Row.Live), Gens: cur.Row.Gens, IssuedAt: cur.Row.IssuedAt}
+	next := row{V: 1, Account: s.Account, Live: maps.Clone(cur.Row.Live), Gens: cur.Row.Gens, Out: maps.Clone(cur.Row.Out), IssuedAt: cur.Row.IssuedAt}
 	if next.Live == nil {
 		next.Live = map[string]int64{}
 	}
 	v := map[*waiter]verdict{}
-	write := false
+	write := applyHolds(&next, fresh, v, now)
 	for _, w := range fresh {
 		if w.op != opRemove {
 			continue

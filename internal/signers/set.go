@@ -57,9 +57,10 @@ type Broker interface {
 }
 
 // Signer signs the data account's JWT listing exactly signers (every generation's own key and
-// the live instances' keys derived from it; nil lists the material's own key alone) with the
-// operator signing key, and returns it with its issue time.
-type Signer func(signers []string) (token string, issuedAt int64, err error)
+// the live instances' keys derived from it; nil lists the material's own key alone) and
+// revoking held (each user key's credentials issued up to its unix second) with the operator
+// signing key, and returns it with its issue time.
+type Signer func(signers []string, held map[string]int64) (token string, issuedAt int64, err error)
 
 // Set is the data account's live signing keys and the broker they are applied to. Fill every
 // field but Wall and Keep; a nil Sign is a plane without the operator signing key.
@@ -96,32 +97,29 @@ type Set struct {
 	// live are the instances whose key this replica saw confirmed at every server, and settled
 	// those it saw registered: the sweep reads their gates no more.
 	live, settled map[string]bool
-	once          sync.Once
-	state         *rounds
-	evicts        evictions
+	// nextRelease is the unix second the earliest hold of the row this replica wrote or read
+	// passes (0: none).
+	nextRelease int64
+	once        sync.Once
+	state       *rounds
+	evicts      evictions
 }
 
 // Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
 // bytes (the broker's largest message, which a push and a read-back both are), leaving a KiB
-// for the envelope of a push or of a resolver's exchange. What a key costs is measured: a JWT
-// with 64 keys against one with the account's own alone (`"<56-character key>",` is 59 bytes
-// of JSON, some 79 once base64url-encoded).
+// for the envelope of a push or of a resolver's exchange and room for MaxHolds held keys. What
+// a key costs is measured: a JWT with 64 keys against one with the account's own alone
+// (`"<56-character key>",` is 59 bytes of JSON, some 79 once base64url-encoded).
 func Capacity(sign Signer, maxPayload int64) (int, error) {
-	empty, _, err := sign(nil)
+	held := map[string]int64{}
+	for _, k := range fakeKeys(nkeys.PrefixByteUser, MaxHolds) {
+		held[k] = 1 << 33 // ten digits, as every time until the year 2286
+	}
+	empty, _, err := sign(nil, held)
 	if err != nil {
 		return 0, err
 	}
-	keys := make([]string, 64)
-	for i := range keys {
-		raw := make([]byte, 32)
-		raw[0], raw[1] = byte(i), 0xa5
-		k, err := nkeys.Encode(nkeys.PrefixByteAccount, raw)
-		if err != nil {
-			return 0, err
-		}
-		keys[i] = string(k)
-	}
-	full, _, err := sign(keys)
+	full, _, err := sign(fakeKeys(nkeys.PrefixByteAccount, 64), held)
 	if err != nil {
 		return 0, err
 	}
@@ -130,7 +128,22 @@ func Capacity(sign Signer, maxPayload int64) (int, error) {
 	if room < per {
 		return 0, fmt.Errorf("an account JWT of %d bytes leaves no room for a signing key within the broker's %d-byte messages", len(empty), maxPayload)
 	}
-	return int(room * int64(len(keys)-1) / per), nil // the empty JWT lists one key: full lists 63 more
+	return int(room * 63 / per), nil // the empty JWT lists one key: full lists 63 more
+}
+
+// fakeKeys are n distinct public keys of prefix, for measuring what keys cost in a JWT.
+func fakeKeys(prefix nkeys.PrefixByte, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		raw := make([]byte, 32)
+		raw[0], raw[1] = byte(i), 0xa5
+		k, err := nkeys.Encode(prefix, raw)
+		if err != nil {
+			panic(err) // a fixed prefix and 32 bytes always encode
+		}
+		keys[i] = string(k)
+	}
+	return keys
 }
 
 // row is the stored set: each live instance and the unix second its key was added (or last
@@ -142,6 +155,7 @@ type row struct {
 	Account  string           `json:"account"`
 	Live     map[string]int64 `json:"live"`
 	Gens     []uint64         `json:"gens,omitempty"`
+	Out      map[string]hold  `json:"out,omitempty"` // the JWT users' keys held out (Hold)
 	IssuedAt int64            `json:"issuedAt"`
 	Nonce    string           `json:"nonce"`
 }
@@ -160,7 +174,7 @@ func (s *Set) fence() *fence.Fence[row] {
 		if r.V != 1 || r.Account != s.Account || r.Live == nil || (r.Gens != nil && (len(r.Gens) == 0 || !slices.IsSorted(r.Gens) || len(slices.Compact(slices.Clone(r.Gens))) != len(r.Gens))) {
 			return row{}, errors.New("not a version 1 signer set of this account")
 		}
-		return r, nil
+		return r, validHolds(r)
 	}, func(r *row) { r.Nonce = subjects.NewNonce() })
 }
 
@@ -193,6 +207,8 @@ const (
 	// opWithdraw removes a key only while the instance's gate is absent: a first registration
 	// refused after its key was listed.
 	opWithdraw
+	// opHold holds a JWT user's key (iids[0]) of owner out until until (Hold).
+	opHold
 )
 
 // waiter is one change waiting for the round that makes it. Its fields after deadline are the
@@ -211,6 +227,8 @@ type waiter struct {
 	// gens: what an opGens lists; fit: refuse it when the JWT would not hold them.
 	gens     []uint64
 	fit      bool
+	owner    string
+	until    int64
 	deadline time.Time
 
 	written   bool         // the row holds the change

@@ -128,12 +128,15 @@ func newWorld(t testing.TB) *world {
 // set is a set of w on gates, pushing to b.
 func (w *world) set(gates fence.KV, b Broker) *Set {
 	return &Set{Gates: gates, Account: w.account, Keys: w.keys, Broker: b, Capacity: 10_000, Now: time.Now, Settle: time.Hour,
-		Sign: func(signing []string) (string, int64, error) {
+		Sign: func(signing []string, held map[string]int64) (string, int64, error) {
 			c := jwt.NewAccountClaims(w.account)
 			if signing == nil {
 				signing = []string{w.own}
 			}
 			c.SigningKeys.Add(signing...)
+			for k, until := range held {
+				c.RevokeAt(k, time.Unix(until, 0))
+			}
 			token, err := c.Encode(w.op)
 			return token, c.IssuedAt, err
 		}}
@@ -519,8 +522,9 @@ func TestARowLargerThanARequestBodyStillTakesInstances(t *testing.T) {
 	}
 }
 
-// TestCapacityIsWhatOneBrokerMessageCarries: a JWT listing Capacity instance keys fits in the
-// broker's message with the room the envelope needs, and two more keys would not.
+// TestCapacityIsWhatOneBrokerMessageCarries: a JWT listing Capacity instance keys and holding
+// MaxHolds keys out fits in the broker's message with the room the envelope needs, and two
+// more instance keys would not.
 func TestCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 	s, _, _ := newSet(t)
 	const maxPayload = 64 << 10
@@ -528,12 +532,16 @@ func TestCapacityIsWhatOneBrokerMessageCarries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	empty, _, _ := s.Sign(nil)
+	empty, _, _ := s.Sign(nil, nil)
 	live := map[string]int64{}
 	for range n {
 		live[iid()] = 1
 	}
-	full, _, err := s.sign(ctx(t), row{Live: live})
+	out := map[string]hold{}
+	for range MaxHolds {
+		out[userKey(t)] = hold{Owner: "u_owner", Until: time.Now().Add(time.Hour).Unix()}
+	}
+	full, _, err := s.sign(ctx(t), row{Live: live, Out: out})
 	if err != nil {
 		t.Fatal(err)
 	}

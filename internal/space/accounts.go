@@ -6,6 +6,7 @@ package space
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
@@ -24,6 +25,9 @@ type DataPolicy struct {
 	// the live manager instances' (package signers); nil lists the material's own alone. A key
 	// left off closes every connection whose credential it signed.
 	Signers []string
+	// Revoked revokes each JWT user's key's credentials issued up to its unix second: the keys
+	// the plane holds out (package signers).
+	Revoked map[string]int64
 }
 
 // ErrNoOperatorSigner means the operator signing key is kept elsewhere: the plane cannot
@@ -62,6 +66,9 @@ func (m *Keys) dataClaims(p DataPolicy) *jwt.AccountClaims {
 	}
 	for _, key := range p.Signers {
 		data.SigningKeys.Add(key)
+	}
+	for key, until := range p.Revoked {
+		data.RevokeAt(key, time.Unix(until, 0))
 	}
 	for _, subj := range subjects.RunStartExports(m.Space) {
 		data.Exports.Add(&jwt.Export{Name: "run-start", Subject: jwt.Subject(subj), Type: jwt.Stream})

@@ -72,6 +72,7 @@ func StartHogWith(t *testing.T, url string, want int, auth ...nats.Option) *Hog 
 			// A kick may land before Connect returns: the life counts from the attempt.
 			opened := time.Now()
 			nc, err := nats.Connect(url, append(slices.Clone(auth), nats.NoReconnect(), nats.Name("hog"),
+				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), // held out: "authentication revoked"
 				nats.ClosedHandler(func(*nats.Conn) {
 					h.live.Add(-1)
 					if h.ending.Load() {
