@@ -15,10 +15,21 @@ import (
 // waiting): each end listing the account on its own had the broker answer as many listings at
 // once as ends were under way, and under load they timed out and were asked again, so one
 // owner's ends made another's wait for their listings (docs/decisions/2026-12-04-one-listing-for-every-end.md).
+// Their runner, ServeEvictions, is one goroutine of the plane's, from its start to its close:
+// Evict wakes it, and after it stops an Evict returns at once.
 type evictions struct {
 	mu      sync.Mutex
 	waiting []*evictee
-	running bool
+	wake    chan struct{}
+	stopped bool
+}
+
+// wakeup is the channel that wakes the runner; it holds e.mu.
+func (e *evictions) wakeup() chan struct{} {
+	if e.wake == nil {
+		e.wake = make(chan struct{}, 1)
+	}
+	return e.wake
 }
 
 // evictee is one Evict waiting: its keys, those the last listing found, and whether a listing
@@ -38,7 +49,8 @@ type evictee struct {
 // keys it found with none left. Each listing lists the account; once one finds none left, a
 // second listing must agree. (A listing is paged per server, and connections that close between
 // two pages move later ones past the next page's start: one listing can miss a connection.)
-// The listings are shared: one at a time serves every Evict waiting when it began.
+// The listings are shared: one at a time serves every Evict waiting when it began, on the
+// goroutine of ServeEvictions; without one running (the plane closed), Evict finds none gone.
 func (s *Set) Evict(ctx context.Context, keys []string) int {
 	w := &evictee{want: map[string]bool{}, done: make(chan struct{})}
 	for _, k := range keys {
@@ -51,10 +63,14 @@ func (s *Set) Evict(ctx context.Context, keys []string) int {
 	}
 	e := &s.evicts
 	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return 0
+	}
 	e.waiting = append(e.waiting, w)
-	if !e.running {
-		e.running = true
-		go s.listForEvicts()
+	select {
+	case e.wakeup() <- struct{}{}:
+	default: // the runner is woken already
 	}
 	e.mu.Unlock()
 	select {
@@ -79,8 +95,7 @@ func (e *evictions) close(w *evictee) {
 }
 
 // open returns the Evicts still waiting and the latest of their deadlines, closing those whose
-// deadline passed; with none left, the run ends (under the same lock as an Evict that would
-// start one).
+// deadline passed.
 func (e *evictions) open() ([]*evictee, time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -98,20 +113,44 @@ func (e *evictions) open() ([]*evictee, time.Time) {
 		}
 		return false
 	})
-	if len(e.waiting) == 0 {
-		e.running = false
-	}
 	return slices.Clone(e.waiting), deadline
 }
 
-// listForEvicts lists the account until no Evict waits: each listing kicks every connection of
-// a key any Evict waiting when it began wants. A listing that finds none of an Evict's keys is
-// followed at once by the next; one that fails, or finds a connection still there, by a pause.
-func (s *Set) listForEvicts() {
+// ServeEvictions runs the listings of every Evict until ctx ends (the plane closes), and then
+// ends the waits of those under way, which find none gone that a listing had not found gone.
+func (s *Set) ServeEvictions(ctx context.Context) {
+	e := &s.evicts
+	e.mu.Lock()
+	wake := e.wakeup()
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.stopped = true
+		for _, w := range e.waiting {
+			e.close(w)
+		}
+		e.waiting = nil
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			s.listForEvicts(ctx)
+		}
+	}
+}
+
+// listForEvicts lists the account until no Evict waits or life ends: each listing kicks every
+// connection of a key any Evict waiting when it began wants. A listing that finds none of an
+// Evict's keys is followed at once by the next; one that fails, or finds a connection still
+// there, by a pause.
+func (s *Set) listForEvicts(life context.Context) {
 	e := &s.evicts
 	b := &reach{Broker: s.Broker} // the servers counted once a run, again after a failed listing
 	attempt := 0
-	for {
+	for life.Err() == nil {
 		ws, deadline := e.open()
 		if len(ws) == 0 {
 			return
@@ -122,7 +161,7 @@ func (s *Set) listForEvicts() {
 				want[k] = true
 			}
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithDeadline(life, deadline)
 		found, _, err := s.kick(ctx, b, func(c broker.Connection) bool { return want[c.User] })
 		clean := err == nil
 		e.mu.Lock()

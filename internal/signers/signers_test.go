@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -592,17 +593,89 @@ func TestAnEvictionKicksWhatItListsAndCountsAKeyGoneOnlyWhenTwoListingsAgree(t *
 			{},         // and a second listing agrees
 			{"A"},      // never asked
 		}}
-		s := &Set{Broker: b}
+		s := evicting(t, &Set{Broker: b})
 		if got := s.Evict(ctx(t), []string{"A", "B"}); got != 2 || b.asked != 5 || b.kicked != 2 {
 			t.Fatalf("Evict: %d keys gone after %d listings and %d kicks, want 2 after 5 listings and 2 kicks", got, b.asked, b.kicked)
 		}
 		stuck := &listings{polls: [][]string{{}, {"A"}}}
 		c, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if got := (&Set{Broker: stuck}).Evict(c, []string{"A", "B"}); got != 1 {
+		if got := evicting(t, &Set{Broker: stuck}).Evict(c, []string{"A", "B"}); got != 1 {
 			t.Fatalf("Evict with A listed until the deadline: %d keys gone, want 1 (B)", got)
 		}
 	})
+}
+
+// evicting runs s's evictions until t ends, as the plane runs them until it closes.
+func evicting(t *testing.T, s *Set) *Set {
+	life, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		s.ServeEvictions(life)
+	}()
+	t.Cleanup(func() { stop(); <-ran })
+	return s
+}
+
+// The evictions' listings are the plane's: when the plane closes (ServeEvictions' context
+// ends), a listing under way ends, the runner returns, the Evicts under way return, and a later
+// Evict returns at once without a listing. A runner that outlived the plane would still list a
+// closed broker for as long as the latest Evict's deadline (a minute without one).
+func TestTheEvictionsListingsEndWhenThePlaneCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &hung{}
+		s := &Set{Broker: b}
+		life, stop := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() {
+			defer close(ran)
+			s.ServeEvictions(life)
+		}()
+		evicted := make(chan int, 1)
+		go func() { evicted <- s.Evict(context.Background(), []string{"A"}) }()
+		synctest.Wait()
+		if n := b.under.Load(); n != 1 {
+			t.Fatalf("%d listings under way for an Evict, want 1", n)
+		}
+		stop()
+		synctest.Wait()
+		select {
+		case <-ran:
+		default:
+			t.Fatal("ServeEvictions still runs after its context ended")
+		}
+		if n := b.under.Load(); n != 0 {
+			t.Fatalf("%d listings still under way after ServeEvictions returned, want none", n)
+		}
+		select {
+		case n := <-evicted:
+			if n != 0 {
+				t.Errorf("the Evict under way: %d keys gone, want 0 (no listing found A gone)", n)
+			}
+		default:
+			t.Fatal("the Evict under way still waits after ServeEvictions returned")
+		}
+		asked := b.asked.Load()
+		if got := s.Evict(context.Background(), []string{"A"}); got != 0 || b.asked.Load() != asked {
+			t.Errorf("an Evict after the close: %d keys gone after %d more listings, want 0 at once", got, b.asked.Load()-asked)
+		}
+	})
+}
+
+// hung is a broker of one server whose connection listings never answer: each waits for its
+// context to end.
+type hung struct {
+	resolver
+	under, asked atomic.Int32
+}
+
+func (h *hung) ListConnections(ctx context.Context, _ int) ([]broker.Connection, map[string]bool, error) {
+	h.asked.Add(1)
+	h.under.Add(1)
+	defer h.under.Add(-1)
+	<-ctx.Done()
+	return nil, nil, ctx.Err()
 }
 
 // TestAKickOfStaleConnectionsClosesOnlyThoseOfKeysOffTheSet: connections signed by a key off
