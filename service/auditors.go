@@ -11,11 +11,11 @@ import (
 // auditorsQueue is the queue group of every replica's auditors subscription: one answers.
 const auditorsQueue = "cotal-auth-auditors"
 
-// serveAuditors takes the auditors' consumer creations for the minted and audit streams on a
-// plane-account connection of their own (the store's subscribes to nothing but its inbox), and
-// passes the pull consumers among them on to JetStream, each the auditor's own
-// (handlers.AuditorConsumers). The auditors' other requests are mapped to JetStream by the plane
-// account (subjects.AuditorMappings) and never reach it.
+// serveAuditors takes the auditors' consumer creations and deletions for the minted and audit
+// streams on a plane-account connection of their own (the store's subscribes to nothing but its
+// inbox), and passes the pull consumers among them on to JetStream, each the auditor's own, and
+// the deletions of those (handlers.AuditorConsumers). The auditors' other requests are mapped to
+// JetStream by the plane account (subjects.AuditorMappings) and never reach it.
 func (p *Plane) serveAuditors(planeIssuer *mint.Issuer) error {
 	nc, err := p.connectRenewed("auditors", planeIssuer, subjects.AuditorsPermissions(p.cfg.Space), nil)
 	if err != nil {

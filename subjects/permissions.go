@@ -175,8 +175,9 @@ func KickPermissions(dataAccount string) Permissions {
 // (AuditorAPIPrefix), which the plane account exports and the data account imports: every
 // answer comes back through the import to the auditor's inbox, in an account where no stream
 // can store it. Each auditor has one reader (consumer) of each stream, named after it: the
-// plane account maps a request about any consumer to the auditor's own (AuditorMappings), and
-// an ack names the consumer, so no auditor can read, ack, change or delete another's.
+// plane account maps an info or pull naming any consumer to the auditor's own (AuditorMappings),
+// the plane makes and deletes only the auditor's own (AuditorCreate, AuditorDelete), and an ack
+// names the consumer, so no auditor can read, ack, change or delete another's.
 
 // AuditorAPIPrefix is the JetStream API prefix of auditor name's requests (`nats
 // --js-api-prefix`, jetstream.NewWithAPIPrefix): its name is a token of every request, so the
@@ -234,17 +235,17 @@ const (
 )
 
 // AuditorMappings are the plane account's subject mappings of the auditors' requests, each to
-// JetStream's own API: stream info and message gets as they are, and a consumer's info, pull
-// and delete to the auditor's own consumer (its name, the request's first wildcard), whatever
-// consumer the request named. A consumer's creation is not mapped: the plane takes it
-// (AuditorCreate).
+// JetStream's own API: stream info and message gets as they are, and a consumer's info and pull
+// to the auditor's own consumer (its name, the request's first wildcard), whatever consumer the
+// request named. A consumer's creation and deletion are not mapped: the plane takes them
+// (AuditorCreate, AuditorDelete).
 func AuditorMappings(space string) map[string]string {
 	api := auditorAPI(space) + ".*."
 	m := map[string]string{}
 	for _, st := range AuditedStreams(space) {
 		m[api+AuditorStreamInfo+"."+st] = "$JS.API." + AuditorStreamInfo + "." + st
 		m[api+AuditorMsgGet+"."+st] = "$JS.API." + AuditorMsgGet + "." + st
-		for _, verb := range []string{AuditorConsumerInfo, AuditorConsumerDelete, AuditorConsumerNext} {
+		for _, verb := range []string{AuditorConsumerInfo, AuditorConsumerNext} {
 			m[api+verb+"."+st+".*"] = "$JS.API." + verb + "." + st + ".{{wildcard(1)}}"
 		}
 	}
@@ -252,37 +253,57 @@ func AuditorMappings(space string) map[string]string {
 }
 
 // AuditorCreate parses subject, an auditor's consumer creation under AuditorAPIPrefix, into the
-// auditor's name, the stream, and the JetStream subject that creates the auditor's own consumer
-// (its filter, if the request named one, kept). ok is false for anything else.
-func AuditorCreate(space, subject string) (name, stream, jetStream string, ok bool) {
-	rest, ok := strings.CutPrefix(subject, auditorAPI(space)+".")
-	name, rest, ok2 := strings.Cut(rest, ".")
-	args, ok3 := strings.CutPrefix(rest, AuditorConsumerCreate+".")
-	if !ok || !ok2 || !ok3 || !ValidActor(name) {
-		return "", "", "", false
+// auditor's name, the stream, the consumer it asked for, and the JetStream subject that creates
+// the auditor's own consumer (its filter, if the request named one, kept). ok is false for
+// anything else.
+func AuditorCreate(space, subject string) (name, stream, asked, jetStream string, ok bool) {
+	name, stream, asked, filter, ok := auditorConsumerRequest(space, subject, AuditorConsumerCreate)
+	if !ok {
+		return "", "", "", "", false
 	}
-	st, args, _ := strings.Cut(args, ".")
-	consumer, filter, _ := strings.Cut(args, ".")
-	if !slices.Contains(AuditedStreams(space), st) || consumer == "" {
-		return "", "", "", false
-	}
-	jetStream = "$JS.API." + AuditorConsumerCreate + "." + st + "." + AuditorConsumer(name)
+	jetStream = "$JS.API." + AuditorConsumerCreate + "." + stream + "." + AuditorConsumer(name)
 	if filter != "" {
 		jetStream += "." + filter
 	}
-	return name, st, jetStream, true
+	return name, stream, asked, jetStream, true
+}
+
+// AuditorDelete parses subject, an auditor's consumer deletion under AuditorAPIPrefix, into the
+// auditor's name, the stream and the consumer it named. ok is false for anything else.
+func AuditorDelete(space, subject string) (name, stream, named string, ok bool) {
+	name, stream, named, rest, ok := auditorConsumerRequest(space, subject, AuditorConsumerDelete)
+	if !ok || rest != "" {
+		return "", "", "", false
+	}
+	return name, stream, named, true
+}
+
+// auditorConsumerRequest parses subject, an auditor's request of verb about a consumer of the
+// minted or audit stream, into the auditor's name, the stream, the consumer and what follows it.
+func auditorConsumerRequest(space, subject, verb string) (name, stream, consumer, rest string, ok bool) {
+	rest, ok = strings.CutPrefix(subject, auditorAPI(space)+".")
+	name, rest, ok2 := strings.Cut(rest, ".")
+	args, ok3 := strings.CutPrefix(rest, verb+".")
+	if !ok || !ok2 || !ok3 || !ValidActor(name) {
+		return "", "", "", "", false
+	}
+	stream, args, _ = strings.Cut(args, ".")
+	consumer, rest, _ = strings.Cut(args, ".")
+	if !slices.Contains(AuditedStreams(space), stream) || consumer == "" {
+		return "", "", "", "", false
+	}
+	return name, stream, consumer, rest, true
 }
 
 // AuditorsPermissions are those of the plane's auditors connection, a plane-account user: it
-// takes the auditors' consumer creations (a queue subscription under the auditors' API; every
-// other request is mapped to JetStream before it could reach it), passes them to JetStream's
-// create API of those two streams only (deleting the auditor's own consumer first when a
-// creation replaces it), answers into the import's reply subjects (`_R_.…`), and subscribes its
-// own inbox for JetStream's answers.
+// takes the auditors' consumer creations and deletions (a queue subscription under the
+// auditors' API; every other request is mapped to JetStream before it could reach it), passes
+// them to JetStream's create, info and delete API of those two streams only, answers into the
+// import's reply subjects (`_R_.…`), and subscribes its own inbox for JetStream's answers.
 func AuditorsPermissions(space string) Permissions {
 	g := Permissions{Sub: []string{auditorAPI(space) + ".*.>", "_INBOX.>"}, Pub: []string{"_R_.>"}}
 	for _, st := range AuditedStreams(space) {
-		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>", "$JS.API.CONSUMER.DELETE."+st+".*")
+		g.Pub = append(g.Pub, "$JS.API.CONSUMER.CREATE."+st+".>", "$JS.API.CONSUMER.INFO."+st+".*", "$JS.API.CONSUMER.DELETE."+st+".*")
 	}
 	return g
 }

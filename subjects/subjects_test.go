@@ -345,7 +345,8 @@ func subjectMatches(pattern, subject string) bool {
 
 // An auditor's consumer creation reaches JetStream's create API of the minted and audit
 // streams only, and creates the auditor's own consumer, whatever name it asked for (its filter
-// kept); an auditor's other requests are mapped to its own consumer.
+// kept); a deletion is the plane's too; an auditor's info and pulls are mapped to its own
+// consumer.
 func TestAnAuditorsCreationMakesItsOwnConsumerOfTheAuditedStreamsOnly(t *testing.T) {
 	api := AuditorAPIPrefix("default", "alice")
 	audit, minted := AuditStream("default"), MintedStream("default")
@@ -360,16 +361,37 @@ func TestAnAuditorsCreationMakesItsOwnConsumerOfTheAuditedStreamsOnly(t *testing
 		"cotal.default.auditor.CONSUMER.CREATE." + audit + ".x":                                "",
 		"$JS.API.CONSUMER.CREATE." + audit + ".x":                                              "",
 	} {
-		name, st, got, ok := AuditorCreate("default", subject)
-		if got != want || ok != (want != "") || (ok && (name != "alice" || !strings.HasPrefix(want, "$JS.API.CONSUMER.CREATE."+st+"."))) {
-			t.Errorf("AuditorCreate(%q): got %q %q %q %v, want %q", subject, name, st, got, ok, want)
+		name, st, asked, got, ok := AuditorCreate("default", subject)
+		if got != want || ok != (want != "") || (ok && (name != "alice" || asked == "" || !strings.HasPrefix(want, "$JS.API.CONSUMER.CREATE."+st+"."))) {
+			t.Errorf("AuditorCreate(%q): got %q %q %q %q %v, want %q", subject, name, st, asked, got, ok, want)
+		}
+	}
+	if name, st, asked, _, _ := AuditorCreate("default", api+".CONSUMER.CREATE."+audit+".pager.>"); name != "alice" || st != audit || asked != "pager" {
+		t.Errorf("AuditorCreate of alice's pager: got %q %q %q, want alice, the audit stream, pager", name, st, asked)
+	}
+	for subject, want := range map[string]string{
+		api + ".CONSUMER.DELETE." + audit + ".pager":                 "pager",
+		api + ".CONSUMER.DELETE." + minted + ".x":                    "x",
+		api + ".CONSUMER.DELETE." + audit + ".pager.x":               "",
+		api + ".CONSUMER.DELETE." + audit:                            "",
+		api + ".CONSUMER.CREATE." + audit + ".pager":                 "",
+		api + ".CONSUMER.DELETE.KV_cotal_auth_default.x":             "",
+		"cotal.default.auditor.CONSUMER.DELETE." + audit + ".x":      "",
+		"cotal.default.auditor.alice.CONSUMER.DELETE." + audit + ".": "",
+	} {
+		name, st, named, ok := AuditorDelete("default", subject)
+		if named != want || ok != (want != "") || (ok && (name != "alice" || !strings.Contains(subject, "."+st+"."))) {
+			t.Errorf("AuditorDelete(%q): got %q %q %q %v, want %q", subject, name, st, named, ok, want)
 		}
 	}
 	m := AuditorMappings("default")
-	if got := m["cotal.default.auditor.*.CONSUMER.DELETE."+audit+".*"]; got != "$JS.API.CONSUMER.DELETE."+audit+".{{wildcard(1)}}" {
-		t.Errorf("the delete's mapping: got %q, want the auditor's own consumer", got)
+	if got := m["cotal.default.auditor.*.CONSUMER.MSG.NEXT."+audit+".*"]; got != "$JS.API.CONSUMER.MSG.NEXT."+audit+".{{wildcard(1)}}" {
+		t.Errorf("the pull's mapping: got %q, want the auditor's own consumer", got)
 	}
-	if len(m) != 10 {
-		t.Errorf("%d mappings, want 5 for each of the two streams", len(m))
+	if got, ok := m["cotal.default.auditor.*.CONSUMER.DELETE."+audit+".*"]; ok {
+		t.Errorf("the delete's mapping: got %q, want none (the plane takes it)", got)
+	}
+	if len(m) != 8 {
+		t.Errorf("%d mappings, want 4 for each of the two streams", len(m))
 	}
 }

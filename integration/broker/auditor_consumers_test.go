@@ -3,7 +3,9 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/store"
 	"github.com/cotal-ai/authplane/service"
@@ -65,6 +68,43 @@ func createRaw(t testing.TB, nc *nats.Conn, subject string, body []byte) jetstre
 		ci.ConsumerInfo.Config.Description = fmt.Sprintf("%d %d %s", ci.Error.Code, ci.Error.ErrorCode, ci.Error.Description)
 	}
 	return ci.ConsumerInfo
+}
+
+// readers are the consumers of stream st as the plane account sees them, each with the name
+// its creation asked for.
+func readers(t testing.TB, p *harness.TestPlane, st string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, ci := range consumersOf(t, p, st) {
+		out[ci.Name] = ci.Config.Metadata[handlers.AskedName]
+	}
+	return out
+}
+
+// deleteConsumer sends JetStream's consumer-delete request for consumer name of stream st
+// under api, and returns the error its answer carries.
+func deleteConsumer(t testing.TB, nc *nats.Conn, api, st, name string) error {
+	t.Helper()
+	msg, err := nc.Request(api+".CONSUMER.DELETE."+st+"."+name, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("delete consumer %s of %s: %v", name, st, err)
+	}
+	var answer struct {
+		Success bool                `json:"success"`
+		Error   *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &answer); err != nil {
+		t.Fatalf("delete consumer %s of %s: %s: %v", name, st, msg.Data, err)
+	}
+	switch {
+	case answer.Error != nil && answer.Error.ErrorCode == jetstream.JSErrCodeConsumerNotFound:
+		return jetstream.ErrConsumerNotFound
+	case answer.Error != nil:
+		return answer.Error
+	case !answer.Success:
+		return fmt.Errorf("delete consumer %s of %s: %s, want success", name, st, msg.Data)
+	}
+	return nil
 }
 
 // consumersOf lists the consumers of stream st as the plane account sees them.
@@ -179,16 +219,25 @@ func TestAuditorConsumersAreBoundedInCountAndIdleLife(t *testing.T) {
 		t.Errorf("a consumer idle for 2 h: got %q, want refused", ci.Name)
 	}
 	ci := createConsumer(t, alice, audit, "forever", "", map[string]any{"durable_name": "forever", "ack_policy": "explicit"})
-	if ci.Name != "alice" || ci.Config.InactiveThreshold != store.ReaderInactiveMax {
-		t.Errorf("a durable asking no idle life: got %q %s (%s), want alice's own, gone after an hour idle", ci.Name, ci.Config.InactiveThreshold, ci.Config.Description)
+	if ci.Name != "forever" || ci.Config.InactiveThreshold != store.ReaderInactiveMax {
+		t.Errorf("a durable asking no idle life: got %q %s (%s), want it made, gone after an hour idle", ci.Name, ci.Config.InactiveThreshold, ci.Config.Description)
 	}
-	if ci := createConsumer(t, alice, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "alice" || ci.Config.Description != "JSM Stream Pager" {
-		t.Errorf("alice's second creation: got %q (%s), want it to replace her own", ci.Name, ci.Config.Description)
+	if got := readers(t, p, audit); !maps.Equal(got, map[string]string{"alice": "forever"}) {
+		t.Errorf("the audit stream's readers: got %v, want alice's own, made as forever", got)
+	}
+	if ci := createConsumer(t, alice, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" || ci.Config.Description != "JSM Stream Pager" {
+		t.Errorf("alice's second creation: got %q (%s), want it made", ci.Name, ci.Config.Description)
+	}
+	if got := readers(t, p, audit); !maps.Equal(got, map[string]string{"alice": "pager"}) {
+		t.Errorf("the audit stream's readers: got %v, want alice's own, replaced by pager", got)
 	}
 	for _, name := range []string{"bob", "carol"} {
-		if ci := createConsumerAs(t, conn(name), name, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != name {
+		if ci := createConsumerAs(t, conn(name), name, audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" {
 			t.Fatalf("%s's consumer: got %q (%s), want it made", name, ci.Name, ci.Config.Description)
 		}
+	}
+	if got := readers(t, p, audit); !maps.Equal(got, map[string]string{"alice": "pager", "bob": "pager", "carol": "pager"}) {
+		t.Errorf("the audit stream's readers: got %v, want alice's, bob's and carol's own", got)
 	}
 	dave := conn("dave")
 	if ci := createConsumerAs(t, dave, "dave", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "" || !strings.Contains(ci.Config.Description, "maximum consumers limit") {
@@ -198,14 +247,17 @@ func TestAuditorConsumersAreBoundedInCountAndIdleLife(t *testing.T) {
 		t.Errorf("authplane_auditor_consumers_refused_total{max_consumers}: got %v, want 1", got)
 	}
 	// The other stream's budget is its own; a deleted consumer gives its slot back.
-	if ci := createConsumerAs(t, dave, "dave", subjects.MintedStream(harness.TestSpace), "pager", ">", pagerConfig("pager", ">")); ci.Name != "dave" {
+	if ci := createConsumerAs(t, dave, "dave", subjects.MintedStream(harness.TestSpace), "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" {
 		t.Errorf("the minted stream's first consumer: got %q (%s), want it made", ci.Name, ci.Config.Description)
 	}
 	if _, err := alice.Request(subjects.AuditorAPIPrefix(harness.TestSpace, "alice")+".CONSUMER.DELETE."+audit+".pager", nil, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if ci := createConsumerAs(t, dave, "dave", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "dave" {
+	if ci := createConsumerAs(t, dave, "dave", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" {
 		t.Errorf("after a delete: got %q (%s), want it made", ci.Name, ci.Config.Description)
+	}
+	if got := readers(t, p, audit); !maps.Equal(got, map[string]string{"bob": "pager", "carol": "pager", "dave": "pager"}) {
+		t.Errorf("the audit stream's readers: got %v, want bob's, carol's and dave's own", got)
 	}
 }
 
@@ -219,8 +271,11 @@ func TestTheStockCLIsStreamViewStillPages(t *testing.T) {
 	api := subjects.AuditorAPIPrefix(harness.TestSpace, auditorName)
 	for _, st := range subjects.AuditedStreams(harness.TestSpace) {
 		name := "stream_pager_1234" + st
-		if ci := createConsumer(t, nc, st, name, ">", pagerConfig(name, ">")); ci.Name != auditorName {
-			t.Fatalf("%s: the pager's consumer: got %q (%s), want the auditor's own", st, ci.Name, ci.Config.Description)
+		if ci := createConsumer(t, nc, st, name, ">", pagerConfig(name, ">")); ci.Name != name {
+			t.Fatalf("%s: the pager's consumer: got %q (%s), want it made", st, ci.Name, ci.Config.Description)
+		}
+		if got := readers(t, p, st); !maps.Equal(got, map[string]string{auditorName: name}) {
+			t.Fatalf("%s: readers %v, want the auditor's own, made as %s", st, got, name)
 		}
 		// An inbox of its own, not under the connection's request mux: nats.go hands a message
 		// that reaches the mux under a subject it matches to no request to the one request
@@ -362,9 +417,11 @@ func TestAStreamMadeByAnOlderReleaseStartsWithItsReadersBounded(t *testing.T) {
 // Each auditor has its own reader of each stream, and no other auditor can delete, drain, ack
 // or use it up: whatever consumer an auditor's request names, it reaches its own (the plane
 // account maps it there), and its acks may name only its own. Here the streams hold two
-// consumers: alice creates five times over and still holds one, so bob's fits; alice's delete,
-// info and pull naming bob's consumer reach her own, and her ack of bob's is a permissions
-// violation. Before, every auditor shared one pool of 32 readers, and any could delete any.
+// consumers: alice creates five times over and still holds one, so bob's fits; alice's info and
+// pull naming bob's consumer reach her own, her ack of bob's is a permissions violation, and her
+// delete naming bob's deletes nothing (bob's is not hers, and hers was made under another name);
+// naming the name hers was made under, it deletes hers alone. Before, every auditor shared one
+// pool of 32 readers, and any could delete any.
 func TestAnAuditorCannotDeleteOrUseUpAnothersReaders(t *testing.T) {
 	t.Parallel()
 	p := harness.StartPlane(t, func(c *service.Config) { c.AuditorConsumers = 2 })
@@ -375,11 +432,11 @@ func TestAnAuditorCannotDeleteOrUseUpAnothersReaders(t *testing.T) {
 	bob, _ := auditorConn(t, p.NATSURL(), "bob", writeAuditorCreds(t, p, "bob"), &harness.AsyncErrors{})
 	for i := range 5 {
 		name := fmt.Sprintf("reader%d", i)
-		if ci := createConsumerAs(t, alice, "alice", audit, name, ">", pagerConfig(name, ">")); ci.Name != "alice" {
-			t.Fatalf("alice's creation %d: got %q (%s), want her own", i, ci.Name, ci.Config.Description)
+		if ci := createConsumerAs(t, alice, "alice", audit, name, ">", pagerConfig(name, ">")); ci.Name != name {
+			t.Fatalf("alice's creation %d: got %q (%s), want it made", i, ci.Name, ci.Config.Description)
 		}
 	}
-	if ci := createConsumerAs(t, bob, "bob", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "bob" {
+	if ci := createConsumerAs(t, bob, "bob", audit, "pager", ">", pagerConfig("pager", ">")); ci.Name != "pager" {
 		t.Fatalf("bob's consumer beside alice's: got %q (%s), want it made", ci.Name, ci.Config.Description)
 	}
 	names := func() []string {
@@ -423,11 +480,17 @@ func TestAnAuditorCannotDeleteOrUseUpAnothersReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs.WaitViolation(t, "Publish", bobAck)
-	if _, err := alice.Request(api+".CONSUMER.DELETE."+audit+".bob", nil, 5*time.Second); err != nil {
-		t.Fatal(err)
+	if err := deleteConsumer(t, alice, api, audit, "bob"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("alice's delete naming bob's consumer: got %v, want not found", err)
+	}
+	if got := names(); !slices.Equal(got, []string{"alice", "bob"}) {
+		t.Errorf("after alice's delete naming bob's consumer: got %v, want both", got)
+	}
+	if err := deleteConsumer(t, alice, api, audit, "reader4"); err != nil {
+		t.Errorf("alice's delete naming her own reader: %v", err)
 	}
 	if got := names(); !slices.Equal(got, []string{"bob"}) {
-		t.Errorf("after alice's delete naming bob's consumer: got %v, want bob's alone (hers deleted)", got)
+		t.Errorf("after alice's delete naming her own reader: got %v, want bob's alone", got)
 	}
 	s, err := p.JS(t).Stream(context.Background(), audit)
 	if err != nil {
@@ -439,5 +502,67 @@ func TestAnAuditorCannotDeleteOrUseUpAnothersReaders(t *testing.T) {
 	}
 	if got := c.CachedInfo().Delivered.Consumer; got != 0 {
 		t.Errorf("bob's consumer delivered %d messages, want none (only alice pulled)", got)
+	}
+}
+
+// A client may make its next consumer and delete its last one at once: nats.go's ordered
+// consumer does at every fetch, deleting by the name the creation's answer gave. Each auditor
+// holds one reader, so when that answer named the reader after the auditor, the delete, reaching
+// the plane after the next creation, deleted the reader just made, and the fetch got "no
+// responders", "consumer deleted" or nothing (TestAuditorReadsTheAuditAndMintedStreams failed 4
+// runs in 10 under -race). Now the answer names the consumer as asked, a delete naming a reader a
+// later creation replaced deletes nothing, and the new reader starts where it asks (here the
+// first record), not where the replaced one stopped.
+func TestADeleteOfAReplacedReaderLeavesTheNewOne(t *testing.T) {
+	t.Parallel()
+	_, _, js, _ := auditedPlane(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	audit := subjects.AuditStream(harness.TestSpace)
+	st, err := js.Stream(ctx, audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := int(st.CachedInfo().State.Msgs)
+	reader := func(name string) jetstream.Consumer {
+		c, err := js.CreateOrUpdateConsumer(ctx, audit, jetstream.ConsumerConfig{Name: name, AckPolicy: jetstream.AckNonePolicy})
+		if err != nil {
+			t.Fatalf("create reader %s: %v", name, err)
+		}
+		if got := c.CachedInfo().Name; got != name {
+			t.Fatalf("reader %s: the answer names %q, want %s", name, got, name)
+		}
+		return c
+	}
+	read := func(c jetstream.Consumer, batch int) []uint64 {
+		b, err := c.FetchNoWait(batch)
+		if err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		var seqs []uint64
+		for m := range b.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, meta.Sequence.Stream)
+		}
+		if err := b.Error(); err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		return seqs
+	}
+	if got := read(reader("one"), 1); !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("reader one: got records %v, want 1", got)
+	}
+	two := reader("two")
+	if err := js.DeleteConsumer(ctx, audit, "one"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the delete of reader one after two was made: got %v, want not found", err)
+	}
+	if got := read(two, records+1); len(got) != records || got[0] != 1 {
+		t.Errorf("reader two: got records %v, want the stream's %d from 1", got, records)
+	}
+	if err := js.DeleteConsumer(ctx, audit, "two"); err != nil {
+		t.Errorf("the delete of reader two: %v", err)
 	}
 }
