@@ -289,11 +289,15 @@ func auditorConsumerRequest(space, subject, verb string) (name, stream, consumer
 	}
 	stream, args, _ = strings.Cut(args, ".")
 	consumer, rest, _ = strings.Cut(args, ".")
-	if !slices.Contains(AuditedStreams(space), stream) || consumer == "" {
+	if !slices.Contains(AuditedStreams(space), stream) || consumer == "" || len(consumer) > MaxConsumerName {
 		return "", "", "", "", false
 	}
 	return name, stream, consumer, rest, true
 }
+
+// MaxConsumerName bounds the consumer name an auditor's request names: JetStream's own bound on
+// a consumer's name. The plane keeps it in the reader's metadata and echoes it back.
+const MaxConsumerName = 255
 
 // AuditorsPermissions are those of the plane's auditors connection, a plane-account user: it
 // takes the auditors' consumer creations and deletions (a queue subscription under the

@@ -360,6 +360,8 @@ func TestAnAuditorsCreationMakesItsOwnConsumerOfTheAuditedStreamsOnly(t *testing
 		AuditorAPIPrefix("other", "alice") + ".CONSUMER.CREATE." + AuditStream("other") + ".x": "",
 		"cotal.default.auditor.CONSUMER.CREATE." + audit + ".x":                                "",
 		"$JS.API.CONSUMER.CREATE." + audit + ".x":                                              "",
+		api + ".CONSUMER.CREATE." + audit + "." + strings.Repeat("n", MaxConsumerName+1):       "",
+		api + ".CONSUMER.CREATE." + audit + "." + strings.Repeat("n", MaxConsumerName):         "$JS.API.CONSUMER.CREATE." + audit + ".alice",
 	} {
 		name, st, asked, got, ok := AuditorCreate("default", subject)
 		if got != want || ok != (want != "") || (ok && (name != "alice" || asked == "" || !strings.HasPrefix(want, "$JS.API.CONSUMER.CREATE."+st+"."))) {

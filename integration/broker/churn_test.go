@@ -173,7 +173,7 @@ func TestReconnectChurnIsHeldOutAndRefusesNoOtherOwner(t *testing.T) {
 					nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 				if err != nil {
 					refusals.Add(1)
-					time.Sleep(5 * time.Millisecond) // refused: the churn's only pause
+					time.Sleep(50 * time.Millisecond) // refused (held out, or the account full): the churn's only pause
 					continue
 				}
 				opened.Add(1)

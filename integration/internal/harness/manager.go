@@ -161,7 +161,16 @@ func Registered(t testing.TB, nc *nats.Conn, owner, actor string, m *ManagerKeys
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	p, err := c.Prepare(ctx, m.Manager)
+	// A first prepare waits for the broker to list the instance's signing key; one the broker
+	// did not confirm within the plane's request timeout answers `unavailable … retry shortly`,
+	// and a manager retries it, as this does.
+	var p *client.Material
+	for {
+		p, err = c.Prepare(ctx, m.Manager)
+		if client.CodeOf(err) != "unavailable" || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("prepare: %v", err)
 	}
