@@ -50,6 +50,7 @@ func (p *Plane) newSigners(system *nats.Conn) error {
 	p.signers = &signers.Set{Gates: p.stores.Auth, Account: p.keys.Data.Public(), Keys: keys, Broker: b, Now: p.cfg.Now,
 		Settle: 2 * (p.cfg.RequestTimeout + clockSkew)}
 	p.untilClose("stop the evictions' listings", p.signers.ServeEvictions)
+	p.untilClose("stop the signing keys' rounds", p.signers.Serve)
 	if p.keys.OperatorSigner == nil {
 		return nil // every credential is signed with the data account's own key
 	}

@@ -1,6 +1,8 @@
 package signers
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -94,6 +96,59 @@ func TestAHeldKeyIsRevokedUntilItsTimeWithinItsOwnersShare(t *testing.T) {
 		cur, err := s.fence().Observe(ctx(t))
 		if err != nil || len(cur.Row.Out) != 1 {
 			t.Fatalf("the stored holds: %v, %v", cur.Row.Out, err)
+		}
+	})
+}
+
+// stuck is a resolver whose pushes never land: each waits for its context to end.
+type stuck struct {
+	resolver
+	under atomic.Int32
+}
+
+func (b *stuck) Push(ctx context.Context, _ string) error {
+	b.under.Add(1)
+	defer b.under.Add(-1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestTheRoundsEndWhenThePlaneCloses: a hold is a change no one waits for, with a minute's
+// deadline; once Serve's context ends (the plane closes), the round under way ends at once,
+// Serve returns after it, and a change asked for after that is closed unmade.
+func TestTheRoundsEndWhenThePlaneCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _, _ := newSet(t)
+		b := &stuck{resolver: resolver{account: s.Account}}
+		s.Broker = b
+		life, stop := context.WithCancel(context.Background())
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			s.Serve(life)
+		}()
+		synctest.Wait()
+		s.Hold(userKey(t), "u_churner", time.Now().Add(time.Minute))
+		time.Sleep(2 * time.Second) // the round waits for the next second to sign
+		synctest.Wait()
+		if n := b.under.Load(); n != 1 {
+			t.Fatalf("%d pushes under way for a hold, want 1", n)
+		}
+		stop()
+		synctest.Wait()
+		select {
+		case <-served:
+		default:
+			t.Fatal("Serve still runs after its context ended: a round outlives the plane")
+		}
+		if n := b.under.Load(); n != 0 {
+			t.Fatalf("%d pushes still under way after Serve returned, want none", n)
+		}
+		if err := s.Repush(context.Background(), true); err == nil {
+			t.Fatal("a push asked for after the close: got nil, want it unmade")
+		}
+		if n := b.under.Load(); n != 0 {
+			t.Fatal("a push asked for after the close started a round")
 		}
 	})
 }

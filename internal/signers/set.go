@@ -93,6 +93,9 @@ type Set struct {
 	mu      sync.Mutex
 	waiting []*waiter
 	running bool
+	// life is Serve's context: the rounds end with it. runs tracks the goroutine of the run.
+	life context.Context
+	runs sync.WaitGroup
 	lastErr error // the last failure of a round: what a waiter whose deadline came says
 	// live are the instances whose key this replica saw confirmed at every server, and settled
 	// those it saw registered: the sweep reads their gates no more.
@@ -378,16 +381,46 @@ func (s *Set) await(ctx context.Context, w *waiter) {
 }
 
 // queue queues w, whose deadline is set, for the rounds, starting their run if none is under
-// way.
+// way; after Serve's context ended it closes w at once.
 func (s *Set) queue(w *waiter) {
 	w.done = make(chan struct{})
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life != nil && s.life.Err() != nil {
+		s.close(w)
+		return
+	}
 	s.waiting = append(s.waiting, w)
 	if !s.running {
 		s.running = true
-		go s.run()
+		s.runs.Go(s.run)
+	}
+}
+
+// Serve ties the rounds to ctx (the plane's life): once it ends, every change waiting is
+// closed unmade (or made and not confirmed), no new one is taken, and Serve returns when the
+// round under way has ended. Without Serve, rounds end with their waiters' deadlines.
+func (s *Set) Serve(ctx context.Context) {
+	s.mu.Lock()
+	s.life = ctx
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	for _, w := range s.waiting {
+		s.close(w)
 	}
 	s.mu.Unlock()
+	s.runs.Wait()
+}
+
+// parent is the context the rounds run under: Serve's, or none.
+func (s *Set) parent() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life == nil {
+		return context.Background()
+	}
+	return s.life
 }
 
 // close ends w's wait; it holds s.mu.
@@ -407,7 +440,7 @@ func (s *Set) run() {
 		if len(ws) == 0 {
 			return
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithDeadline(s.parent(), deadline)
 		r.serve(ctx)
 		cancel()
 	}
@@ -433,9 +466,10 @@ func (s *Set) open() ([]*waiter, time.Time) {
 	defer s.mu.Unlock()
 	open := s.waiting[:0]
 	now := time.Now()
+	ended := s.life != nil && s.life.Err() != nil
 	var deadline time.Time
 	for _, w := range s.waiting {
-		if !w.closed && now.After(w.deadline) {
+		if !w.closed && (ended || now.After(w.deadline)) {
 			s.close(w)
 		}
 		if !w.closed {
