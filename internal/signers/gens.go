@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/nats-io/nkeys"
+
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/mint"
 )
@@ -148,4 +150,45 @@ func (s *Set) pubs(ctx context.Context, r row) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
+// bytes (the broker's largest message, which a push and a read-back both are), leaving a KiB
+// for the envelope of a push or of a resolver's exchange and room for MaxHolds held keys. What
+// a key costs is measured: a JWT with 64 keys against one with the account's own alone
+// (`"<56-character key>",` is 59 bytes of JSON, some 79 once base64url-encoded).
+func Capacity(sign Signer, maxPayload int64) (int, error) {
+	held := map[string]int64{}
+	for _, k := range fakeKeys(nkeys.PrefixByteUser, MaxHolds) {
+		held[k] = 1 << 33 // ten digits, as every time until the year 2286
+	}
+	empty, _, err := sign(nil, held)
+	if err != nil {
+		return 0, err
+	}
+	full, _, err := sign(fakeKeys(nkeys.PrefixByteAccount, 64), held)
+	if err != nil {
+		return 0, err
+	}
+	room := maxPayload - int64(len(empty)) - 1024
+	per := int64(len(full) - len(empty))
+	if room < per {
+		return 0, fmt.Errorf("an account JWT of %d bytes leaves no room for a signing key within the broker's %d-byte messages", len(empty), maxPayload)
+	}
+	return int(room * 63 / per), nil // the empty JWT lists one key: full lists 63 more
+}
+
+// fakeKeys are n distinct public keys of prefix, for measuring what keys cost in a JWT.
+func fakeKeys(prefix nkeys.PrefixByte, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		raw := make([]byte, 32)
+		raw[0], raw[1] = byte(i), 0xa5
+		k, err := nkeys.Encode(prefix, raw)
+		if err != nil {
+			panic(err) // a fixed prefix and 32 bytes always encode
+		}
+		keys[i] = string(k)
+	}
+	return keys
 }

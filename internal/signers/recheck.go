@@ -173,3 +173,29 @@ func (s *Set) gateStates(ctx context.Context, iids []string) ([]string, error) {
 	wg.Wait()
 	return states, errors.Join(errs...)
 }
+
+// Serve ties the rounds to ctx (the plane's life): once it ends, every change waiting is
+// closed unmade (or made and not confirmed), no new one is taken, and Serve returns when the
+// round under way has ended. Without Serve, rounds end with their waiters' deadlines.
+func (s *Set) Serve(ctx context.Context) {
+	s.mu.Lock()
+	s.life = ctx
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	for _, w := range s.waiting {
+		s.close(w)
+	}
+	s.mu.Unlock()
+	s.runs.Wait()
+}
+
+// parent is the context the rounds run under: Serve's, or none.
+func (s *Set) parent() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life == nil {
+		return context.Background()
+	}
+	return s.life
+}

@@ -30,8 +30,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nkeys"
-
 	"github.com/cotal-ai/authplane/internal/broker"
 	"github.com/cotal-ai/authplane/internal/fault"
 	"github.com/cotal-ai/authplane/internal/fence"
@@ -94,8 +92,8 @@ type Set struct {
 	waiting []*waiter
 	running bool
 	// life is Serve's context: the rounds end with it. runs tracks the goroutine of the run.
-	life context.Context
-	runs sync.WaitGroup
+	life    context.Context
+	runs    sync.WaitGroup
 	lastErr error // the last failure of a round: what a waiter whose deadline came says
 	// live are the instances whose key this replica saw confirmed at every server, and settled
 	// those it saw registered: the sweep reads their gates no more.
@@ -106,47 +104,6 @@ type Set struct {
 	once        sync.Once
 	state       *rounds
 	evicts      evictions
-}
-
-// Capacity is how many instance keys an account JWT signed by sign can list within maxPayload
-// bytes (the broker's largest message, which a push and a read-back both are), leaving a KiB
-// for the envelope of a push or of a resolver's exchange and room for MaxHolds held keys. What
-// a key costs is measured: a JWT with 64 keys against one with the account's own alone
-// (`"<56-character key>",` is 59 bytes of JSON, some 79 once base64url-encoded).
-func Capacity(sign Signer, maxPayload int64) (int, error) {
-	held := map[string]int64{}
-	for _, k := range fakeKeys(nkeys.PrefixByteUser, MaxHolds) {
-		held[k] = 1 << 33 // ten digits, as every time until the year 2286
-	}
-	empty, _, err := sign(nil, held)
-	if err != nil {
-		return 0, err
-	}
-	full, _, err := sign(fakeKeys(nkeys.PrefixByteAccount, 64), held)
-	if err != nil {
-		return 0, err
-	}
-	room := maxPayload - int64(len(empty)) - 1024
-	per := int64(len(full) - len(empty))
-	if room < per {
-		return 0, fmt.Errorf("an account JWT of %d bytes leaves no room for a signing key within the broker's %d-byte messages", len(empty), maxPayload)
-	}
-	return int(room * 63 / per), nil // the empty JWT lists one key: full lists 63 more
-}
-
-// fakeKeys are n distinct public keys of prefix, for measuring what keys cost in a JWT.
-func fakeKeys(prefix nkeys.PrefixByte, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		raw := make([]byte, 32)
-		raw[0], raw[1] = byte(i), 0xa5
-		k, err := nkeys.Encode(prefix, raw)
-		if err != nil {
-			panic(err) // a fixed prefix and 32 bytes always encode
-		}
-		keys[i] = string(k)
-	}
-	return keys
 }
 
 // row is the stored set: each live instance and the unix second its key was added (or last
@@ -395,32 +352,6 @@ func (s *Set) queue(w *waiter) {
 		s.running = true
 		s.runs.Go(s.run)
 	}
-}
-
-// Serve ties the rounds to ctx (the plane's life): once it ends, every change waiting is
-// closed unmade (or made and not confirmed), no new one is taken, and Serve returns when the
-// round under way has ended. Without Serve, rounds end with their waiters' deadlines.
-func (s *Set) Serve(ctx context.Context) {
-	s.mu.Lock()
-	s.life = ctx
-	s.mu.Unlock()
-	<-ctx.Done()
-	s.mu.Lock()
-	for _, w := range s.waiting {
-		s.close(w)
-	}
-	s.mu.Unlock()
-	s.runs.Wait()
-}
-
-// parent is the context the rounds run under: Serve's, or none.
-func (s *Set) parent() context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.life == nil {
-		return context.Background()
-	}
-	return s.life
 }
 
 // close ends w's wait; it holds s.mu.
