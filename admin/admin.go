@@ -20,14 +20,14 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/files"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/ledger"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
+	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/platform/files"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

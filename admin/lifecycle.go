@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
 )
 
 // pollEvery is how often Wait and Stop look again.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
 )
 
 // planeDirEnv makes this test binary a stand-in for a plane on the directory it names (see

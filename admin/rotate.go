@@ -9,12 +9,12 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/bearer"
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/signers"
-	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
+	"github.com/cotal-ai/authplane/internal/capability/signers"
+	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cotal-ai/authplane/internal/metrics"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/body"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/metrics"
+	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
 )
 
 // contentJSON is what a door's Content-Type must start with.

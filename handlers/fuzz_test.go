@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/body"
-	"github.com/cotal-ai/authplane/internal/budget"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/fault/faulttest"
-	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/budget"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/core/fault/faulttest"
+	"github.com/cotal-ai/authplane/internal/core/store/storetest"
 )
 
 // noRecords drops the records of refusals: a fuzz target makes millions.

@@ -7,11 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/budget"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/issue"
-	"github.com/cotal-ai/authplane/internal/metrics"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/budget"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/core/issue"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

@@ -8,12 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/bearer"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/idp"
-	"github.com/cotal-ai/authplane/internal/metrics"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/core/fence"
+	"github.com/cotal-ai/authplane/internal/platform/idp"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
 )
 
 // Bounds of the HTTP face (docs/PROTOCOL.md, "The HTTP face").

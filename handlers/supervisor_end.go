@@ -3,9 +3,9 @@ package handlers
 import (
 	"context"
 
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/supervisor"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
+	"github.com/cotal-ai/authplane/internal/capability/supervisor"
+	"github.com/cotal-ai/authplane/internal/core/audit"
 )
 
 // SupervisorEnd serves `cotal.<space>.auth.supervisor-end.<owner>.<actor>`.

@@ -6,7 +6,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

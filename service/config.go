@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/idp"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -219,7 +219,7 @@ func Defaults() Config {
 		DrainTimeout:               10 * time.Second,
 		ConnectTimeout:             time.Minute,
 
-		// The connection budgets (internal/conns).
+		// The connection budgets (internal/platform/conns).
 		ReservedConnections:        DefaultReservedConnections,
 		MaxConnectionsPerPrincipal: DefaultMaxConnectionsPerPrincipal,
 		MaxConnectionsPerOwner:     DefaultMaxConnectionsPerOwner,

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/conns"
-	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/platform/conns"
 )
 
 // ReconcileEvery is how often the plane lists the data account's connections to put its count
@@ -26,7 +26,7 @@ const (
 	kickSenders = 8
 )
 
-// watchConnections keeps the data account's connections to their budgets (internal/conns) as
+// watchConnections keeps the data account's connections to their budgets (internal/platform/conns) as
 // the plane's system user: it counts them from every server's connect and disconnect events,
 // lists them once before the plane serves (kicking what is past a budget before the serving
 // user needs its slot) and every ReconcileEvery after, and kicks what the ledger says.

@@ -3,7 +3,7 @@ package service
 import (
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/signers"
+	"github.com/cotal-ai/authplane/internal/capability/signers"
 )
 
 // Hooks let tests pause the plane at points where races matter.

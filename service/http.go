@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/bearer"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/idp"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

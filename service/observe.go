@@ -8,10 +8,10 @@ import (
 	"sync"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/conns"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/metrics"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/platform/conns"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

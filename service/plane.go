@@ -14,16 +14,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/conns"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/metrics"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/signers"
-	"github.com/cotal-ai/authplane/internal/space"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
+	"github.com/cotal-ai/authplane/internal/capability/signers"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/platform/conns"
+	"github.com/cotal-ai/authplane/internal/platform/metrics"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

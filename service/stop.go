@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
 )
 
 // closer is one step of the teardown.

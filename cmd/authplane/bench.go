@@ -20,7 +20,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/bench"
-	"github.com/cotal-ai/authplane/internal/envflag"
+	"github.com/cotal-ai/authplane/internal/platform/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/files"
+	"github.com/cotal-ai/authplane/internal/platform/files"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

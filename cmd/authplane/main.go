@@ -11,7 +11,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/cotal-ai/authplane/internal/envflag"
+	"github.com/cotal-ai/authplane/internal/platform/envflag"
 )
 
 // command is one subcommand: its name, what its usage line shows after the name, what it

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/cotal-ai/authplane/internal/envflag"
+	"github.com/cotal-ai/authplane/internal/platform/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/signers"
+	"github.com/cotal-ai/authplane/internal/capability/signers"
 )
 
 // signing shows or rotates the data account's signing keys: `keys signing [flags]`, `keys

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/files"
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/platform/files"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

@@ -137,7 +137,8 @@ func TestArchitectureNamesWhatExists(t *testing.T) {
 
 // TestArchitectureLayersHoldEveryPackageAndNoArrowPointsUp: ARCHITECTURE.md's layer table puts
 // every production package in exactly one layer, no package imports one of a higher layer, and
-// the README's layer block says the same.
+// the README's layer block says the same. The core's, the platform's and the capabilities'
+// packages live under internal/core, internal/platform and internal/capability.
 func TestArchitectureLayersHoldEveryPackageAndNoArrowPointsUp(t *testing.T) {
 	names, layers := architectureLayers(t, readDoc(t, "ARCHITECTURE.md"))
 	layerOf := map[string]int{}
@@ -158,6 +159,14 @@ func TestArchitectureLayersHoldEveryPackageAndNoArrowPointsUp(t *testing.T) {
 	for p := range layerOf {
 		if _, ok := pkgs[p]; !ok {
 			t.Errorf("ARCHITECTURE.md's layers name %s, which is no package", p)
+		}
+	}
+	// The layout shows the layers: a package under internal/<dir>/ is of that directory's layer.
+	for dir, layer := range map[string]string{"internal/core/": "core", "internal/platform/": "platform", "internal/capability/": "capabilities"} {
+		for p, i := range layerOf {
+			if strings.HasPrefix(p, dir) && names[i] != layer && !strings.HasSuffix(p, "test") {
+				t.Errorf("%s is in the layer %s, but its directory is the %s layer's", p, names[i], layer)
+			}
 		}
 	}
 	module := modulePath(t) + "/"

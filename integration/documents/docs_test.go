@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/fault"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 )
 
 // readDoc is the text of a document, relative to the repository's root.
@@ -251,11 +251,11 @@ func TestNoFileCitesADocumentOutsideTheRepository(t *testing.T) {
 // testSupport are the packages only tests may import.
 var testSupport = []string{
 	"github.com/cotal-ai/authplane/integration/internal/harness",
-	"github.com/cotal-ai/authplane/internal/fault/faulttest",
-	"github.com/cotal-ai/authplane/internal/idp/idptest",
+	"github.com/cotal-ai/authplane/internal/core/fault/faulttest",
+	"github.com/cotal-ai/authplane/internal/platform/idp/idptest",
 	"github.com/cotal-ai/authplane/internal/powercut",
 	"github.com/cotal-ai/authplane/internal/proptest",
-	"github.com/cotal-ai/authplane/internal/store/storetest",
+	"github.com/cotal-ai/authplane/internal/core/store/storetest",
 	"github.com/cotal-ai/authplane/internal/testkit",
 }
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 )
 
 // An exchange body that misses a field is refused bad-request naming what is missing, for the

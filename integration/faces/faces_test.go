@@ -22,9 +22,9 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/bearer"
-	"github.com/cotal-ai/authplane/internal/store"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )

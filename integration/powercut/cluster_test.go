@@ -17,8 +17,8 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/internal/powercut"
-	"github.com/cotal-ai/authplane/internal/space"
 	"github.com/cotal-ai/authplane/internal/testkit"
 )
 

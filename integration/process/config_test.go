@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/envflag"
+	"github.com/cotal-ai/authplane/internal/platform/envflag"
 )
 
 // secret is a password a URL carries in these tests: it must never be shown.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/instance"
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 )
 
 // TestStartRefusesAStateDirItCannotUseOrAnExposedKeyFile: a state directory the plane cannot

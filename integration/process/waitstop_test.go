@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/instance"
+	"github.com/cotal-ai/authplane/internal/capability/instance"
 )
 
 // TestWaitReturnsOnceThePlaneIsHealthyAndStopReturnsOnceItHasExited runs what the documents'

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/mint"
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 )
 
 // Phases of a run, in the order they run: the operations against their ceilings, the

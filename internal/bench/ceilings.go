@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/mint"
+	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

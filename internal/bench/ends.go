@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/gate"
-	"github.com/cotal-ai/authplane/internal/ledger"
-	"github.com/cotal-ai/authplane/internal/signers"
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/signers"
+	"github.com/cotal-ai/authplane/internal/core/fence"
+	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/ledger"
 )
 
 // requester is one principal on its own connection, with `supervise`, and the manager

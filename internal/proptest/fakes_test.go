@@ -11,9 +11,9 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/cotal-ai/authplane/internal/broker"
-	"github.com/cotal-ai/authplane/internal/store"
-	"github.com/cotal-ai/authplane/internal/store/storetest"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/platform/broker"
 )
 
 // logged is a bucket of a schedule (the fence bucket, the platform bucket): an in-memory

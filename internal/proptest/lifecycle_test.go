@@ -15,7 +15,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 )
 
 // The test's budget: it runs defaultChecks schedules of defaultSteps actions on average

@@ -11,12 +11,12 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/audit"
-	"github.com/cotal-ai/authplane/internal/fault"
-	"github.com/cotal-ai/authplane/internal/fence"
-	"github.com/cotal-ai/authplane/internal/manager"
-	"github.com/cotal-ai/authplane/internal/store"
-	"github.com/cotal-ai/authplane/internal/supervisor"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
+	"github.com/cotal-ai/authplane/internal/capability/supervisor"
+	"github.com/cotal-ai/authplane/internal/core/audit"
+	"github.com/cotal-ai/authplane/internal/core/fault"
+	"github.com/cotal-ai/authplane/internal/core/fence"
+	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 

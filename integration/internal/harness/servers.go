@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/cotal-ai/authplane/internal/bench"
-	"github.com/cotal-ai/authplane/internal/space"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/service"
 )
 

@@ -1,0 +1,156 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/subjects"
+)
+
+const (
+	iidA = "aaaaaaaaaaaaaaaaaaaaaaaaaa"
+	iidB = "bbbbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+// userKeys returns n fresh public user nkeys.
+func userKeys(t *testing.T, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out[i], err = kp.PublicKey(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// creds is a supervisor credential for each key.
+func creds(keys ...string) []Credential {
+	out := make([]Credential, len(keys))
+	for i, k := range keys {
+		out[i] = Credential{Duty: "supervisor", NKey: k, Exp: 1_800_003_600}
+	}
+	return out
+}
+
+// TestAMintIsOneClosedRecordOnItsSetOfKeys: a mint of two credentials writes one record, on
+// the subject of its keys under its instance, under the mint's message id; it decodes closed
+// (the end's reading) and names both credentials and the request.
+func TestAMintIsOneClosedRecordOnItsSetOfKeys(t *testing.T) {
+	w, out, _ := newWriter()
+	keys := userKeys(t, 2)
+	req := Request{Endpoint: "manager-authority", Caller: ownerA + ".cli", Operation: "renew", InstanceID: iidA, RequestID: "rrrrrrrrrrrrrrrrrrrrrrrr"}
+	if err := w.Minted(context.Background(), iidA, req, creds(keys...), "mint-1"); err != nil {
+		t.Fatal(err)
+	}
+	msgs := out.Msgs()
+	if len(msgs) != 1 || msgs[0].Subject != subjects.MintedSubject("default", iidA, []string{keys[1], keys[0]}) || msgs[0].ID != "mint-1" {
+		t.Fatalf("got %d records (the first on %s), want one on the subject of the two keys, message id mint-1", len(msgs), msgs[0].Subject)
+	}
+	var rec Minted
+	if err := body.DecodeRow(msgs[0].Data, &rec, MaxMintedRecord); err != nil {
+		t.Fatal(err)
+	}
+	if rec.V != 1 || rec.Request != req || !slices.Equal(rec.Credentials, creds(keys...)) || rec.At != 1_800_000_000_000 {
+		t.Errorf("got record %+v, want the request and both credentials", rec)
+	}
+}
+
+// TestAnEndTakesTheUnionOfAnInstancesRecords: mints of {A,B}, {A,C} and {D} on one instance,
+// and {A,B} again: the instance's keys are A, B, C and D (the record of {A,C} did not replace
+// that of {A,B}, or B would never be revoked), and another instance's record adds nothing.
+func TestAnEndTakesTheUnionOfAnInstancesRecords(t *testing.T) {
+	w, out, _ := newWriter()
+	k := userKeys(t, 5)
+	a, b, c, d, e := k[0], k[1], k[2], k[3], k[4]
+	ctx := context.Background()
+	want := slices.Sorted(slices.Values([]string{a, b, c, d}))
+	for i, set := range [][]string{{a, b}, {a, c}, {d}, {b, a}} {
+		if err := w.Minted(ctx, iidA, Request{Endpoint: "manager-authority"}, creds(set...), string(rune('a'+i))); err != nil {
+			t.Fatal(err)
+		}
+		if i != 2 {
+			continue
+		}
+		if got, err := w.MintedKeys(ctx, iidA); err != nil || !slices.Equal(got, want) {
+			t.Fatalf("instance A's keys after {A,B}, {A,C}, {D}: got %v, %v; want %v", got, err, want)
+		}
+	}
+	if err := w.Minted(ctx, iidB, Request{Endpoint: "manager-authority"}, creds(e), "other"); err != nil {
+		t.Fatal(err)
+	}
+	subjectsOfA := map[string]bool{}
+	for _, m := range out.Msgs() {
+		if strings.HasPrefix(m.Subject, "cotal.default.minted."+iidA+".") {
+			subjectsOfA[m.Subject] = true
+		}
+	}
+	if len(subjectsOfA) != 3 {
+		t.Errorf("instance A's records: got subjects %v, want three: one for each set of keys", subjectsOfA)
+	}
+	if got, err := w.MintedKeys(ctx, iidA); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("instance A's keys after {A,B} again: got %v, %v; want %v", got, err, want)
+	}
+	if got, err := w.MintedKeys(ctx, iidB); err != nil || !slices.Equal(got, []string{e}) {
+		t.Fatalf("instance B's keys: got %v, %v; want [%s]", got, err, e)
+	}
+}
+
+// TestAMintedRecordThatDoesNotDecodeFailsTheList: an end does not report done on a list that
+// misses a record's keys: a record that is not closed JSON, or names a key that is no user
+// nkey, makes the list an error naming its subject.
+func TestAMintedRecordThatDoesNotDecodeFailsTheList(t *testing.T) {
+	for name, data := range map[string]string{
+		"not JSON":        `{"v":1,`,
+		"an unknown key":  `{"v":1,"endpoint":"e","caller":"c","credentials":[],"at":1,"nkeys":["U"]}`,
+		"a key no nkey":   `{"v":1,"endpoint":"e","caller":"c","credentials":[{"duty":"d","nkey":"UBAD","exp":1}],"at":1}`,
+		"over its bound":  `{"v":1,"endpoint":"` + strings.Repeat("e", MaxMintedRecord) + `","caller":"c","credentials":[],"at":1}`,
+		"a duplicate key": `{"v":1,"v":1,"endpoint":"e","caller":"c","credentials":[],"at":1}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			w, out, _ := newWriter()
+			if err := w.Minted(context.Background(), iidA, Request{Endpoint: "e"}, creds(userKeys(t, 1)...), "good"); err != nil {
+				t.Fatal(err)
+			}
+			subject := "cotal.default.minted." + iidA + ".bad"
+			if err := out.Append(context.Background(), subject, []byte(data), ""); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := w.MintedKeys(context.Background(), iidA); err == nil || !strings.Contains(err.Error(), subject) {
+				t.Fatalf("got %v, %v; want an error naming %s", got, err, subject)
+			}
+		})
+	}
+}
+
+// TestAMintedRecordOverItsBoundIsNotWritten: a record larger than MaxMintedRecord is not
+// written, and its mint gets an error (so it does not commit).
+func TestAMintedRecordOverItsBoundIsNotWritten(t *testing.T) {
+	w, out, _ := newWriter()
+	err := w.Minted(context.Background(), iidA, Request{Endpoint: "e"}, creds(userKeys(t, 50)...), "big")
+	if err == nil || len(out.Msgs()) != 0 {
+		t.Fatalf("a record of 50 credentials: got %v with %d records written, want an error and none", err, len(out.Msgs()))
+	}
+}
+
+// TestAFullMintedStreamIsAnError: a full stream (discard new) is the mint's error, as
+// store.ErrFull, so the mint is refused resource-exhausted.
+func TestAFullMintedStreamIsAnError(t *testing.T) {
+	w, out, _ := newWriter()
+	out.Fault = func(subject string) (error, bool) { return store.ErrFull, false }
+	err := w.Minted(context.Background(), iidA, Request{Endpoint: "e"}, creds(userKeys(t, 2)...), "full")
+	if !errors.Is(err, store.ErrFull) || len(out.Msgs()) != 0 {
+		t.Fatalf("got %v with %d records, want store.ErrFull and none", err, len(out.Msgs()))
+	}
+}
