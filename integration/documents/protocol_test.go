@@ -190,7 +190,7 @@ func sameText(doc, format string) bool {
 func refusalTexts(t *testing.T) []codeText {
 	t.Helper()
 	root := repoRoot
-	codes := faultConstants(t, filepath.Join(root, "internal", "fault", "fault.go"))
+	codes := faultConstants(t, filepath.Join(root, "internal", "core", "fault", "fault.go"))
 	fset := token.NewFileSet()
 	var out []codeText
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
