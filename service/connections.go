@@ -107,9 +107,11 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 // hold holds k's user key out at the broker until k.HoldUntil: it keeps connecting in its
 // back-off, and each of its connections takes one of the account's slots until its kick lands.
 func (p *Plane) hold(k conns.Kick) {
-	p.signers.Hold(k.User, conns.OwnerOf(k.Principal), k.HoldUntil)
+	if !p.signers.Hold(k.User, conns.OwnerOf(k.Principal), k.HoldUntil) {
+		return // no operator signing key: the kicks alone keep it to its cap
+	}
 	p.metrics.ConnectionRefused(conns.BudgetBackoff, "hold")
-	p.log.Warn("a JWT user kept connecting past its connection cap in its back-off; its key is held out at the broker, every connection of it closed",
+	p.log.Warn("a JWT user kept connecting past its connection cap in its back-off; its key is being held out at the broker, every connection of it closed",
 		"principal", k.Principal, "user", k.User, "until", k.HoldUntil.UTC().Format(time.RFC3339))
 }
 

@@ -33,12 +33,14 @@ type hold struct {
 // connections and refuses it at connect, before it counts against the account's limit. It does
 // not wait; the round that makes it signs and pushes at once. A hold past MaxHolds or
 // HoldsPerOwner is dropped (the plane's kicks still close the key's connections). Past until,
-// ReleaseHolds or the next recheck signs the account without it.
-func (s *Set) Hold(user, owner string, until time.Time) {
+// ReleaseHolds or the next recheck signs the account without it. It reports whether it asked
+// for the hold: not without the operator signing key, nor for what is no user's key.
+func (s *Set) Hold(user, owner string, until time.Time) bool {
 	if s.Sign == nil || !nkeys.IsValidPublicUserKey(user) {
-		return
+		return false
 	}
 	s.queue(&waiter{op: opHold, iids: []string{user}, owner: owner, until: until.Unix(), deadline: time.Now().Add(time.Minute)})
+	return true
 }
 
 // ReleaseHolds has a round sign the account again when a hold this replica knows of has

@@ -54,7 +54,9 @@ func TestAHeldKeyIsRevokedUntilItsTimeWithinItsOwnersShare(t *testing.T) {
 		other := userKey(t)
 		later := time.Now().Add(5 * time.Minute)
 		s.Hold(other, "u_other", later)
-		s.Hold("not a key", "u_other", later)
+		if s.Hold("not a key", "u_other", later) {
+			t.Error("a hold of what is no user's key was asked for")
+		}
 		time.Sleep(2 * time.Second) // the round waits for the next second to sign
 		synctest.Wait()
 		held := b.heldOut(t)
