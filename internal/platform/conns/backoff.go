@@ -26,11 +26,17 @@ func (l *Ledger) backingOff(principal string, now time.Time) bool {
 	return false
 }
 
-// churning counts c, a connection kicked in its back-off, against its user key, and returns
-// until when to hold the key out when this kick is its ChurnKicks-th in the back-off (zero
-// otherwise, and for a callout user, which the callout refuses itself).
+// churning counts c, a connection kicked in its back-off, against its user key when its
+// principal still holds its cap without it, or its owner the owner's, and returns until when to
+// hold the key out when this is its ChurnKicks-th such kick in the back-off (zero otherwise,
+// and for a callout user, which the callout refuses itself). A kick of one within its caps is
+// not counted: the count may be high for a moment because a disconnect event is late (a
+// client that closes a connection and opens another), and that must not hold an owner out.
 func (l *Ledger) churning(c broker.Connection, now time.Time) time.Time {
 	if c.Callout || c.User == "" || l.budgets.Hold <= 0 {
+		return time.Time{}
+	}
+	if h := l.holders[c.Principal]; h.live < l.budgets.PerPrincipal && h.owner.capped < l.budgets.PerOwner {
 		return time.Time{}
 	}
 	ch := l.churn[c.User]

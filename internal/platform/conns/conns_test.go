@@ -373,4 +373,13 @@ func TestAKeyThatKeepsConnectingInItsBackoffIsHeldOut(t *testing.T) {
 			t.Fatal("a key kicked fewer than ChurnKicks times in a new back-off was held out")
 		}
 	}
+
+	// A principal within its cap (its connection gone, its back-off still on) is kicked at
+	// every connection of its back-off, but never held out: it is not past its cap.
+	l.Disconnected("s1", 1000)
+	for i := range 3 * ChurnKicks {
+		if k := connect("o.a", "UA", false); !k.HoldUntil.IsZero() {
+			t.Fatalf("kick %d of a principal within its cap in its back-off asked for a hold", i+1)
+		}
+	}
 }
