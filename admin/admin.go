@@ -21,12 +21,11 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/capability/instance"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
-	"github.com/cotal-ai/authplane/internal/platform/files"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -106,13 +105,13 @@ type CredsOptions struct {
 	MaxPayload       int64
 	// Issuer signs it: the data account's signing key that signs now (CredsIssuer); nil is
 	// the material's (generation 0, before any rotation).
-	Issuer *mint.Issuer
+	Issuer *issue.Issuer
 }
 
 // DefaultCreds are the options `authplane creds` starts from: a caller for a day, with the
 // plane's default user limits.
 func DefaultCreds() CredsOptions {
-	return CredsOptions{Role: RoleCaller, TTL: 24 * time.Hour, MaxSubscriptions: mint.DefaultLimits.Subs, MaxPayload: mint.DefaultLimits.Payload}
+	return CredsOptions{Role: RoleCaller, TTL: 24 * time.Hour, MaxSubscriptions: issue.DefaultLimits.Subs, MaxPayload: issue.DefaultLimits.Payload}
 }
 
 // Creds mints a `.creds` file (user JWT and a fresh seed) with the permissions of o's role,
@@ -139,7 +138,7 @@ type IssuedCreds struct {
 // and its user limits.
 func (o CredsOptions) Validate() error {
 	_, _, err := credsGrant("default", o)
-	p := []error{err, (mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}).Validate()}
+	p := []error{err, (issue.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}).Validate()}
 	if o.TTL < time.Minute || o.TTL > 30*24*time.Hour {
 		p = append(p, fmt.Errorf("--ttl %s: want 1m to 720h", o.TTL))
 	}
@@ -155,10 +154,10 @@ func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, erro
 	if err != nil {
 		return IssuedCreds{}, err
 	}
-	limits := mint.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
+	limits := issue.Limits{Subs: o.MaxSubscriptions, Payload: o.MaxPayload}
 	iss := o.Issuer
 	if iss == nil {
-		if iss, err = mint.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now }); err != nil {
+		if iss, err = issue.NewIssuer(m.Data.Public(), m.Data.Signer, func() time.Time { return now }); err != nil {
 			return IssuedCreds{}, err
 		}
 	}
@@ -171,7 +170,7 @@ func IssueCreds(m *space.Keys, o CredsOptions, now time.Time) (IssuedCreds, erro
 		return IssuedCreds{}, err
 	}
 	exp := now.Add(o.TTL)
-	token, err := iss.Sign(mint.User{Name: name, Key: pub, Permissions: perms, Expires: exp, Limits: limits})
+	token, err := iss.Sign(issue.User{Name: name, Key: pub, Permissions: perms, Expires: exp, Limits: limits})
 	if err != nil {
 		return IssuedCreds{}, err
 	}
@@ -242,13 +241,13 @@ func credsGrant(space string, o CredsOptions) (string, subjects.Permissions, err
 // Grant writes principal owner.actor's ledger row with exactly scope (`authplane grant`),
 // connecting to natsURL as a short-lived plane-account user. The plane must have created its
 // buckets (it has run once).
-func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, scope []string) (ledger.Row, error) {
+func Grant(ctx context.Context, m *space.Keys, natsURL, owner, actor string, scope []string) (manager.ActorRow, error) {
 	kv, done, err := openBucket(ctx, m, natsURL, "grant", subjects.ActorsBucket(m.Space))
 	if err != nil {
-		return ledger.Row{}, err
+		return manager.ActorRow{}, err
 	}
 	defer done()
-	return ledger.SetScope(ctx, kv, owner, actor, scope, time.Now())
+	return manager.SetScope(ctx, kv, owner, actor, scope, time.Now())
 }
 
 // openBucket opens one of the plane's buckets on natsURL as a short-lived plane-account user
@@ -273,7 +272,7 @@ func openBucket(ctx context.Context, m *space.Keys, natsURL, role, bucket string
 // ConnectPlaneAccount connects to natsURL as a fresh plane-account user with the store grant,
 // valid for five minutes: how the admin tools reach the plane's buckets.
 func ConnectPlaneAccount(m *space.Keys, natsURL, role string) (*nats.Conn, error) {
-	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
+	iss, err := issue.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -313,11 +312,11 @@ func Init(o InitOptions) (created bool, conf string, err error) {
 	if conf == "" {
 		conf = filepath.Join(o.SpaceDir, "nats-server.conf")
 	}
-	if err := files.EnsureDir(filepath.Dir(conf)); err != nil {
+	if err := space.EnsureDir(filepath.Dir(conf)); err != nil {
 		return false, "", err
 	}
 	// Not secret (public keys and JWTs), and read by servers that may run as another user.
-	if err := files.WriteAtomic(conf, []byte(m.ServerConf(o.ServerStore, o.Listen)), 0o644); err != nil {
+	if err := space.WriteAtomic(conf, []byte(m.ServerConf(o.ServerStore, o.Listen)), 0o644); err != nil {
 		return false, "", err
 	}
 	return created, conf, nil
@@ -332,7 +331,7 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 	if !subjects.ValidActor(actor) {
 		return nil, fmt.Errorf("--actor %q: want [A-Za-z0-9_]{1,64}", actor)
 	}
-	if err := files.EnsureDir(dir); err != nil {
+	if err := space.EnsureDir(dir); err != nil {
 		return nil, err
 	}
 	m, keys, err := client.NewManager()
@@ -344,7 +343,7 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := files.WriteAtomic(filepath.Join(dir, string(d)+".nk"), append(seed, '\n'), files.Private); err != nil {
+		if err := space.WriteAtomic(filepath.Join(dir, string(d)+".nk"), append(seed, '\n'), space.Private); err != nil {
 			return nil, err
 		}
 	}
@@ -357,7 +356,7 @@ func ManagerKeys(dir, spaceName, actor string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return body, files.WriteAtomic(filepath.Join(dir, "prepare.json"), append(body, '\n'), 0o644)
+	return body, space.WriteAtomic(filepath.Join(dir, "prepare.json"), append(body, '\n'), 0o644)
 }
 
 // MigrateIdentity moves the file identity in the state directory dir into the space's secrets

@@ -12,11 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -33,29 +32,29 @@ func Owner(m *space.Keys, issuer, sub string) (string, error) {
 	if !utf8.ValidString(sub) {
 		return "", fmt.Errorf("the subject is not valid UTF-8 (the plane refuses such a subject from any IdP)")
 	}
-	return idp.DeriveOwner(m.OwnerSecret, issuer, sub), nil
+	return bearer.DeriveOwner(m.OwnerSecret, issuer, sub), nil
 }
 
 // SetAgent makes owner.actor a managed agent with a fresh secret, which it returns: the agent
 // presents it to `POST /exchange` for each bearer (at most 300 s), so the secret is reusable,
 // not one-time, until it is revoked or replaced; the ledger keeps only its SHA-256. A previous
 // secret stops working.
-func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (secret string, row ledger.Row, err error) {
+func SetAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor string) (secret string, row manager.ActorRow, err error) {
 	kv, done, err := openBucket(ctx, m, natsURL, "agent", subjects.ActorsBucket(m.Space))
 	if err != nil {
-		return "", ledger.Row{}, err
+		return "", manager.ActorRow{}, err
 	}
 	defer done()
 	secret = subjects.NewSecret(32)
 	sum := sha256.Sum256([]byte(secret))
-	row, err = ledger.SetAgentSecret(ctx, kv, owner, actor, hex.EncodeToString(sum[:]), time.Now())
+	row, err = manager.SetAgentSecret(ctx, kv, owner, actor, hex.EncodeToString(sum[:]), time.Now())
 	return secret, row, err
 }
 
 // AgentRevoked is what RevokeAgent did: the agent's ledger row as written, how many live
 // connections of the agent it closed, and whether its secret had been revoked already.
 type AgentRevoked struct {
-	Row     ledger.Row
+	Row     manager.ActorRow
 	Closed  int
 	Already bool
 }
@@ -87,8 +86,8 @@ func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor strin
 	defer done()
 	principal := subjects.Principal(owner, actor)
 	until := time.Now().Add(RevokeWindow)
-	row, err := ledger.SetAgentSecret(ctx, kv, owner, actor, "", time.Now())
-	held := !errors.Is(err, ledger.ErrNoAgentSecret)
+	row, err := manager.SetAgentSecret(ctx, kv, owner, actor, "", time.Now())
+	held := !errors.Is(err, manager.ErrNoAgentSecret)
 	if err != nil && held {
 		return AgentRevoked{}, err
 	}
@@ -109,7 +108,7 @@ func RevokeAgent(ctx context.Context, m *space.Keys, natsURL, owner, actor strin
 // short-lived system-account user, until the broker lists none (kickUntil) and until has
 // passed; it returns how many it closed.
 func closeCalloutConnections(ctx context.Context, m *space.Keys, natsURL, principal string, until time.Time) (int, error) {
-	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
+	iss, err := issue.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
 	if err != nil {
 		return 0, err
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/platform/space"
@@ -72,7 +72,7 @@ func OpenSigning(ctx context.Context, m *space.Keys, natsURL string) (_ *Signing
 		return nil, err
 	}
 	s.closers = append(s.closers, done)
-	sys, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
+	sys, err := issue.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,7 @@ func SigningStatus(ctx context.Context, m *space.Keys, natsURL string) (signers.
 // CredsIssuer is what `authplane creds` signs a credential expiring at exp with: the data
 // account's signing key of the generation that signs now, the expiry recorded against it so a
 // scheduled rotation keeps it listed until then.
-func CredsIssuer(ctx context.Context, m *space.Keys, natsURL string, exp time.Time) (*mint.Issuer, error) {
+func CredsIssuer(ctx context.Context, m *space.Keys, natsURL string, exp time.Time) (*issue.Issuer, error) {
 	auth, done, err := openBucket(ctx, m, natsURL, "creds", subjects.AuthBucket(m.Space))
 	if err != nil {
 		return nil, err

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -206,7 +205,7 @@ func (h *endpoint) answer(req micro.Request, reply any, refusal *fault.Error) {
 		err = respondError(req, refusal)
 	} else {
 		var data []byte
-		if data, err = body.Encode(reply); err == nil {
+		if data, err = fault.Encode(reply); err == nil {
 			err = req.Respond(data)
 		}
 	}
@@ -234,7 +233,7 @@ func respondError(req micro.Request, e *fault.Error) error {
 	if !e.Code.Known() {
 		w = client.WireError{Code: string(fault.Internal), Message: "internal error"}
 	}
-	data, err := body.Encode(client.ErrorBody{Error: w})
+	data, err := fault.Encode(client.ErrorBody{Error: w})
 	if err != nil {
 		return err
 	}

@@ -13,14 +13,12 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/conns"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -175,8 +173,8 @@ func (c *Callout) authorize(deadline time.Time, req *jwt.AuthorizationRequestCla
 	if token == "" {
 		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "connect with the bundle's sentinel creds and a bearer from /exchange as the token"))
 	}
-	if len(token) > idp.MaxToken {
-		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "the token is over %d bytes; it is no bearer", idp.MaxToken))
+	if len(token) > bearer.MaxToken {
+		return "", c.refuse(ctx, fault.New(fault.Unauthenticated, "the token is over %d bytes; it is no bearer", bearer.MaxToken))
 	}
 	claims, err := c.Keys.Validate(ctx, c.Space, token)
 	switch {
@@ -253,7 +251,7 @@ func (c *Callout) refused(budget string) {
 // every scope the bearer carries (and, for an agent, its secret), and grant `admin` for the ops
 // view. The user commits on that row as read: a grant changed meanwhile discards it.
 func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string, about audit.Request) (string, error) {
-	o, err := ledger.Of(c.Ledger, claims.Owner, claims.Actor).Observe(ctx)
+	o, err := manager.ActorOf(c.Ledger, claims.Owner, claims.Actor).Observe(ctx)
 	principal := subjects.Principal(claims.Owner, claims.Actor)
 	switch {
 	case errors.Is(err, fence.ErrGone) || errors.Is(err, fence.ErrMalformed) || (err == nil && o.Absent()):
@@ -264,8 +262,8 @@ func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string
 		return "", fault.New(fault.PermissionDenied, "the agent %s was revoked", principal)
 	case slices.ContainsFunc(claims.Scope, func(s string) bool { return !o.Row.Has(s) }):
 		return "", fault.New(fault.PermissionDenied, "the grant of %s changed since its bearer was issued: exchange again", principal)
-	case claims.View == bearer.ViewOps && !o.Row.Has(ledger.Admin):
-		return "", fault.New(fault.PermissionDenied, "view ops needs scope %q", ledger.Admin)
+	case claims.View == bearer.ViewOps && !o.Row.Has(manager.Admin):
+		return "", fault.New(fault.PermissionDenied, "view ops needs scope %q", manager.Admin)
 	}
 	duty := subjects.DutyCaller
 	if claims.View == bearer.ViewOps {
@@ -276,7 +274,7 @@ func (c *Callout) mint(ctx context.Context, claims bearer.Claims, userKey string
 		return "", fault.Wrap(fault.Internal, err, "the %s permissions", duty)
 	}
 	issued, err := c.Pipeline.Issue(ctx, issue.Plan{
-		Instance: claim.ServerChosen(claims.Owner), // the broker chose the key for this one connection
+		Instance: issue.ServerChosen(claims.Owner), // the broker chose the key for this one connection
 		Request:  about,
 		Grants:   []issue.Grant{{Duty: duty, Key: userKey, Principal: principal, TTL: bearer.MaxTTL + bearer.Skew, Permissions: perms}},
 		Ceiling:  issue.Ceiling{At: claims.Expires, What: "the bearer"},

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/platform/metrics"
 )
@@ -206,7 +205,7 @@ func writeError(w http.ResponseWriter, e *fault.Error) {
 
 // writeJSON answers with v as JSON (no HTML escaping), never cached. No CORS header, ever.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	data, err := body.Encode(v)
+	data, err := fault.Encode(v)
 	if err != nil {
 		status, data = http.StatusInternalServerError, []byte(`{"error":"internal error","code":"internal"}`)
 	}

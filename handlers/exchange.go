@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -67,7 +65,7 @@ var errAgentTTL = fault.Field("ttlSec", "a bearer lives at least 1 s")
 // The public face serves only the caller view; `ops` needs `admin` and the loopback face.
 func (f *face) exchange(ctx context.Context, peer string, data []byte) (any, *fault.Error) {
 	var b exchangeBody
-	if err := body.Decode(data, &b); err != nil {
+	if err := fault.Decode(data, &b); err != nil {
 		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.As(err))
 	}
 	view := bearer.ViewCaller
@@ -141,8 +139,8 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 	}
 	// Until the secret matches, the principal is only named, not shown: its refusals are
 	// recorded as "_._", so nobody can spend another owner's record budget.
-	row, found, err := ledger.Read(ctx, f.h.Ledger, owner, actor)
-	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
+	row, found, err := manager.ReadActor(ctx, f.h.Ledger, owner, actor)
+	if err != nil && !errors.Is(err, manager.ErrMalformed) {
 		return nil, f.refuse(ctx, EndpointExchange, "_", "_", fault.Store(err, "reading the ledger"))
 	}
 	sum := sha256.Sum256([]byte(*b.ActorToken))
@@ -174,14 +172,14 @@ func (f *face) agentExchange(ctx context.Context, b *exchangeBody, view string) 
 // for the call's principal, whose ledger row is read now: it must exist (and, for an agent,
 // still hold its secret), and hold `admin` for the ops view.
 func (f *face) issueBearer(ctx context.Context, c Call, view string, ttl time.Duration, ceiling time.Time, agent bool) (any, error) {
-	row, found, err := ledger.Read(ctx, f.h.Ledger, c.Owner, c.Actor)
+	row, found, err := manager.ReadActor(ctx, f.h.Ledger, c.Owner, c.Actor)
 	switch {
-	case err != nil && !errors.Is(err, ledger.ErrMalformed):
+	case err != nil && !errors.Is(err, manager.ErrMalformed):
 		return nil, fault.Store(err, "reading the ledger")
 	case !found || (agent && row.TokenHash == ""):
 		return nil, fault.New(fault.Unauthenticated, "%s has no ledger row: an operator grants it first", c.Principal())
-	case view == bearer.ViewOps && !row.Has(ledger.Admin):
-		return nil, fault.New(fault.PermissionDenied, "view ops needs scope %q", ledger.Admin)
+	case view == bearer.ViewOps && !row.Has(manager.Admin):
+		return nil, fault.New(fault.PermissionDenied, "view ops needs scope %q", manager.Admin)
 	case ttl < time.Second:
 		return nil, fault.New(fault.Unauthenticated, "the IdP token has no life left to lend a bearer")
 	}
@@ -204,10 +202,10 @@ type msaBody struct {
 // request's actor.
 func (f *face) managerAuthority(ctx context.Context, peer string, data []byte) (any, *fault.Error) {
 	var b msaBody
-	if err := body.Decode(data, &b); err != nil || b.IdPToken == nil || b.Request == nil {
+	if err := fault.Decode(data, &b); err != nil || b.IdPToken == nil || b.Request == nil {
 		return nil, f.refuse(ctx, EndpointManagerServiceAuthority, "_", "_", fault.New(fault.BadRequest, "manager-service authority needs { idpToken, request }"))
 	}
-	actor, err := body.Peek(b.Request, "actor")
+	actor, err := fault.Peek(b.Request, "actor")
 	if err != nil || !subjects.ValidActor(actor) {
 		return nil, f.refuse(ctx, EndpointManagerServiceAuthority, "_", "_", fault.Field("request.actor", "want [A-Za-z0-9_]{1,64}"))
 	}
@@ -219,20 +217,20 @@ func (f *face) managerAuthority(ctx context.Context, peer string, data []byte) (
 }
 
 // verifyIdP verifies an IdP token and derives its subject's owner; a refusal is recorded.
-func (f *face) verifyIdP(ctx context.Context, endpoint, token string) (idp.Subject, string, *fault.Error) {
+func (f *face) verifyIdP(ctx context.Context, endpoint, token string) (bearer.Subject, string, *fault.Error) {
 	if f.h.IdP == nil {
-		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unimplemented, "this space trusts no identity provider (--idp-url)"))
+		return bearer.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unimplemented, "this space trusts no identity provider (--idp-url)"))
 	}
 	sub, err := f.h.IdP.Verify(ctx, token)
-	if errors.Is(err, idp.ErrKeySetUnavailable) {
+	if errors.Is(err, bearer.ErrKeySetUnavailable) {
 		// The plane's outage, not the caller's fault; the cause (an address) is for the log.
 		f.h.Log.Warn("identity provider key set not fetched", "endpoint", endpoint, "err", errors.Unwrap(err))
-		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unavailable, "%s; retry shortly", idp.ErrKeySetUnavailable))
+		return bearer.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unavailable, "%s; retry shortly", bearer.ErrKeySetUnavailable))
 	}
 	if err != nil {
-		return idp.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unauthenticated, "the IdP token is refused: %s", err))
+		return bearer.Subject{}, "", f.refuse(ctx, endpoint, "_", "_", fault.New(fault.Unauthenticated, "the IdP token is refused: %s", err))
 	}
-	return sub, idp.DeriveOwner(f.h.OwnerSecret, f.h.IdP.Config().Issuer, sub.Sub), nil
+	return sub, bearer.DeriveOwner(f.h.OwnerSecret, f.h.IdP.Config().Issuer, sub.Sub), nil
 }
 
 // serve passes a door's call, its principal authenticated, through the one guard.

@@ -9,11 +9,9 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
-	"github.com/cotal-ai/authplane/internal/core/budget"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/fault/faulttest"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/core/issue"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // noRecords drops the records of refusals: a fuzz target makes millions.
@@ -24,8 +22,8 @@ func (noRecords) Refused(context.Context, audit.Request, *fault.Error) {}
 // fuzzFace is a face whose space trusts no IdP and whose ledger is empty: every door refuses,
 // a body that decodes at the first step past its parse.
 func fuzzFace(public bool) *face {
-	h := &HTTP{Space: "default", Guard: &Guard{Limiter: budget.New(0, 0, nil), Audit: noRecords{}}, Timeout: 2 * time.Second,
-		Ledger: storetest.New(), Log: slog.New(slog.DiscardHandler), Now: time.Now}
+	h := &HTTP{Space: "default", Guard: &Guard{Limiter: issue.NewBuckets(0, 0, nil), Audit: noRecords{}}, Timeout: 2 * time.Second,
+		Ledger: testkit.NewKV(), Log: slog.New(slog.DiscardHandler), Now: time.Now}
 	return &face{h: h, public: public, refusals: newWindows()}
 }
 
@@ -81,8 +79,8 @@ func FuzzHTTPBodies(f *testing.F) {
 				t.Fatalf("an exchange with no IdP and no ledger row answered %+v", reply)
 			}
 			var b exchangeBody
-			decoded := body.Decode(data, &b) == nil
-			r := faulttest.Refused(t, refusal, data, fault.BadRequest, fault.PermissionDenied, fault.Unimplemented, fault.Unauthenticated)
+			decoded := fault.Decode(data, &b) == nil
+			r := testkit.Refused(t, refusal, data, fault.BadRequest, fault.PermissionDenied, fault.Unimplemented, fault.Unauthenticated)
 			if r.Code != fault.BadRequest && !decoded {
 				t.Fatalf("refused %s a body that does not decode: %v", r.Code, r)
 			}
@@ -95,15 +93,15 @@ func FuzzHTTPBodies(f *testing.F) {
 				t.Fatalf("manager-service authority with no IdP answered %+v", reply)
 			}
 			var b msaBody
-			decoded := body.Decode(data, &b) == nil
-			r := faulttest.Refused(t, refusal, data, fault.BadRequest, fault.Unimplemented)
+			decoded := fault.Decode(data, &b) == nil
+			r := testkit.Refused(t, refusal, data, fault.BadRequest, fault.Unimplemented)
 			if r.Code == fault.BadRequest {
 				return
 			}
 			if !decoded || b.IdPToken == nil || b.Request == nil {
 				t.Fatalf("refused %s a body that does not decode: %v", r.Code, r)
 			}
-			if _, err := body.Peek(b.Request, "actor"); err != nil {
+			if _, err := fault.Peek(b.Request, "actor"); err != nil {
 				t.Fatalf("refused %s a body whose request has no actor: %v", r.Code, r)
 			}
 			checkRoundTrip(t, &b, new(msaBody))
@@ -131,7 +129,7 @@ func checkRoundTrip[T any](t *testing.T, v *T, again *T) {
 	if data, err = json.Marshal(members); err != nil {
 		t.Fatal(err)
 	}
-	if err := body.Decode(data, again); err != nil {
+	if err := fault.Decode(data, again); err != nil {
 		t.Fatalf("%s, as a client would send it, is refused: %v", fault.Clip(string(data), 200), err)
 	}
 	// A raw member is compacted on the way: compare what each says, not its spacing.

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/budget"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/metrics"
@@ -65,7 +64,7 @@ type Refusals interface {
 // in two places only: the guard records `refused`; the issuance pipeline records `minted` and
 // `discarded`.
 type Guard struct {
-	Limiter *budget.Buckets
+	Limiter *issue.Buckets
 	// OwnerInFlight bounds each owner's calls under way at once on each endpoint, in this
 	// process (0: unbounded), so a flood by one owner holds at most that many of the service
 	// instances and the detached slots; the callout's decisions are bounded by its own queue.
@@ -150,7 +149,7 @@ func (g *Guard) Enter(c Call) (leave func(), refusal *fault.Error) {
 	key := c.Endpoint + " " + c.Owner
 	if !g.inFlight.take(key) {
 		g.Metrics.Refused(c.Endpoint, string(fault.ResourceExhausted))
-		g.Metrics.TenantBudgetRefused(budget.OwnerInFlight)
+		g.Metrics.TenantBudgetRefused(issue.OwnerInFlight)
 		return nil, fault.Wrap(fault.ResourceExhausted, ErrOwnerBusy, "owner %s has %d %s requests under way, the most it may at once (--owner-in-flight); retry shortly", c.Owner, g.OwnerInFlight, c.Endpoint)
 	}
 	var once sync.Once
@@ -197,7 +196,7 @@ func (g *Guard) Run(c Call, fn Func) (reply any, refusal *fault.Error) {
 		return nil, errFenced // served as the fence came: no more answers but unavailable
 	}
 	refusal = fault.As(err)
-	if past := (*budget.Exceeded)(nil); errors.As(refusal.Cause, &past) {
+	if past := (*issue.Exceeded)(nil); errors.As(refusal.Cause, &past) {
 		g.Metrics.TenantBudgetRefused(past.Budget)
 	}
 	if !errors.Is(refusal, issue.ErrDiscarded) { // a discarded mint is already on record

@@ -13,15 +13,11 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/budget"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/issue"
-	"github.com/cotal-ai/authplane/internal/core/mint"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -30,16 +26,16 @@ const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 // guardEnv is a guard recording into an in-memory audit stream.
 type guardEnv struct {
 	g        *Guard
-	records  *storetest.Stream
+	records  *testkit.Stream
 	fenced   atomic.Bool
 	draining atomic.Bool
 	unsynced atomic.Bool
 }
 
 func newGuardEnv(rate float64, burst int) *guardEnv {
-	e := &guardEnv{records: storetest.NewStream()}
+	e := &guardEnv{records: testkit.NewStream()}
 	w := audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now)
-	e.g = &Guard{Limiter: budget.New(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load,
+	e.g = &Guard{Limiter: issue.NewBuckets(rate, burst, nil), Audit: w, Fenced: e.fenced.Load, Draining: e.draining.Load,
 		Unsynced: e.unsynced.Load}
 	return e
 }
@@ -252,17 +248,17 @@ func TestManagerAuthorityServesPreparesAndRecordsItsRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	iss, err := mint.NewIssuer(acctPub, acct, time.Now)
+	iss, err := issue.NewIssuer(acctPub, acct, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	actors := storetest.New()
-	if _, err := ledger.SetScope(context.Background(), actors, owner, "cli", []string{ledger.Supervise}, time.Now()); err != nil {
+	actors := testkit.NewKV()
+	if _, err := manager.SetScope(context.Background(), actors, owner, "cli", []string{manager.Supervise}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	gates := storetest.New()
+	gates := testkit.NewKV()
 	engine := &manager.Engine{Space: "default", Account: acctPub, Gates: gates, Ledger: actors,
-		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: gates}, Now: time.Now},
+		Pipeline:    &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), time.Now), Claims: &issue.Claims{KV: gates}, Now: time.Now},
 		ProofKey:    []byte(strings.Repeat("k", 32)),
 		StandingTTL: time.Hour, MaxInstancesPerOwner: 64}
 	fn := ManagerAuthority(engine)

@@ -12,7 +12,6 @@ import (
 	"github.com/cotal-ai/authplane/internal/core/audit"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/internal/platform/metrics"
 )
 
@@ -58,7 +57,7 @@ type HTTP struct {
 	// Records records every bearer issued.
 	Records Exchanges
 	// IdP verifies the identity provider's tokens; nil when the space trusts none.
-	IdP         *idp.Verifier
+	IdP         *bearer.Verifier
 	OwnerSecret []byte
 	Ledger      fence.KV
 	// Manager serves a manager-authority request, as on the bus.

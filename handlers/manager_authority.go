@@ -6,7 +6,6 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 )
 
@@ -26,7 +25,7 @@ import (
 func ManagerAuthority(e *manager.Engine) Func {
 	return func(ctx context.Context, c Call) (any, audit.Request, error) {
 		about := c.About()
-		kind, err := body.Peek(c.Body, "kind")
+		kind, err := fault.Peek(c.Body, "kind")
 		if err != nil {
 			return nil, about, err
 		}
@@ -61,7 +60,7 @@ func ManagerAuthority(e *manager.Engine) Func {
 func RunRevoke(e *manager.Engine) Func {
 	return func(ctx context.Context, c Call) (any, audit.Request, error) {
 		about := c.About()
-		kind, err := body.Peek(c.Body, "kind")
+		kind, err := fault.Peek(c.Body, "kind")
 		if err != nil {
 			return nil, about, err
 		}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -16,7 +16,7 @@ const auditorsQueue = "cotal-auth-auditors"
 // inbox), and passes the pull consumers among them on to JetStream, each the auditor's own, and
 // the deletions of those (handlers.AuditorConsumers). The auditors' other requests are mapped to
 // JetStream by the plane account (subjects.AuditorMappings) and never reach it.
-func (p *Plane) serveAuditors(planeIssuer *mint.Issuer) error {
+func (p *Plane) serveAuditors(planeIssuer *issue.Issuer) error {
 	nc, err := p.connectRenewed("auditors", planeIssuer, subjects.AuditorsPermissions(p.cfg.Space), nil)
 	if err != nil {
 		return err

@@ -6,7 +6,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/handlers"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -15,7 +15,7 @@ import (
 // renewed at two thirds of its user's life: the next connection subscribes before the previous
 // one drains, so no connection attempt meets a moment with no callout.
 func (p *Plane) serveCallout(c *handlers.Callout) error {
-	iss, err := mint.NewIssuer(p.keys.Callout.Public(), p.keys.Callout.Signer, p.cfg.Now)
+	iss, err := issue.NewIssuer(p.keys.Callout.Public(), p.keys.Callout.Signer, p.cfg.Now)
 	if err != nil {
 		return err
 	}

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/handlers"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
 	"github.com/cotal-ai/authplane/internal/capability/instance"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -63,7 +63,7 @@ type Config struct {
 	// AdvertisedServer is the broker URL the bundle gives clients; "" gives the plane's own.
 	AdvertisedServer string
 	// IdP is the identity provider the space trusts; its URL "" trusts none.
-	IdP idp.Config
+	IdP bearer.IdPConfig
 	// PProf exposes net/http/pprof on the loopback HTTP face (/debug/pprof/…); off by default.
 	PProf bool
 
@@ -206,8 +206,8 @@ func Defaults() Config {
 		NewKeysPerOwner:            10_000,
 		ReregistrationsPerInstance: 60,
 		ReregistrationsPerOwner:    600,
-		MaxSubscriptions:           mint.DefaultLimits.Subs,
-		MaxPayload:                 mint.DefaultLimits.Payload,
+		MaxSubscriptions:           issue.DefaultLimits.Subs,
+		MaxPayload:                 issue.DefaultLimits.Payload,
 		MaxConnections:             10_000,
 		WitnessBytes:               store.DefaultWitnessBytes,
 		WitnessRuns:                store.DefaultWitnessRuns,
@@ -306,7 +306,7 @@ func (c Config) Validate() error {
 	if c.ReregistrationsPerInstance < 1 || c.ReregistrationsPerOwner < c.ReregistrationsPerInstance || c.ReregistrationsPerOwner > 1_000_000 {
 		bad("--reregistrations-per-instance %d and --reregistrations-per-owner %d: want at least 1 an hour for an instance, and for an owner at least an instance's and at most 1000000", c.ReregistrationsPerInstance, c.ReregistrationsPerOwner)
 	}
-	if err := (mint.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
+	if err := (issue.Limits{Subs: c.MaxSubscriptions, Payload: c.MaxPayload}).Validate(); err != nil {
 		p = append(p, err)
 	}
 	if c.MaxConnections < 2 || c.MaxConnections > 10_000_000 {
@@ -369,7 +369,7 @@ func (c Config) validateOperations() []error {
 
 // IdPConfig is the IdP the space trusts with its defaults: issuer and audience the URL's
 // origin, the JWKS at the URL's /jwks.
-func (c Config) IdPConfig() idp.Config {
+func (c Config) IdPConfig() bearer.IdPConfig {
 	cfg := c.IdP
 	if cfg.URL == "" {
 		return cfg

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -22,7 +22,7 @@ import (
 // dial opens one of the plane's own connections as a fresh short-lived user of issuer's
 // account; every reconnect presents a newly signed JWT. reconnected, when set, runs after every
 // reconnection; extra are options of this connection's own.
-func (p *Plane) dial(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
+func (p *Plane) dial(role string, iss *issue.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
 	auth, err := iss.Connect(p.userName(role), perms, p.cfg.PlaneUserTTL)
 	if err != nil {
 		return nil, err
@@ -184,7 +184,7 @@ func (p *Plane) renewalFailing() string {
 // renewed by reconnecting with a fresh user: a store call cut off by it has an unknown outcome,
 // which every writer settles by re-reading. reconnected, when set, runs after every
 // reconnection; extra are options of this connection's own.
-func (p *Plane) connectRenewed(role string, iss *mint.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
+func (p *Plane) connectRenewed(role string, iss *issue.Issuer, perms subjects.Permissions, reconnected func(), extra ...nats.Option) (*nats.Conn, error) {
 	nc, err := p.dial(role, iss, perms, reconnected, extra...)
 	if err != nil {
 		return nil, err

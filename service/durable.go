@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/subjects"
@@ -28,7 +28,7 @@ var ErrUnsynced = errors.New("a server does not sync every write")
 // settings, pushes the account JWTs, and watches the data account's connections (a listing
 // follows each of its reconnections).
 func (p *Plane) connectSystem() error {
-	sysIssuer, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
+	sysIssuer, err := issue.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -40,7 +39,7 @@ func (p *Plane) httpDoors(d *doors) (*handlers.HTTP, error) {
 		Metrics: p.metrics.Handler(), Records: d.records, Unsynced: p.unsyncedServers,
 	}
 	if cfg.IdP.URL != "" {
-		v, err := idp.New(cfg.IdPConfig(), cfg.Now)
+		v, err := bearer.NewVerifier(cfg.IdPConfig(), cfg.Now)
 		if err != nil {
 			return nil, fmt.Errorf("--idp-jwks: %w", err)
 		}
@@ -232,7 +231,7 @@ func (c Config) validatePublic(bad func(string, ...any)) {
 		bad("--idp-url %q: want the identity provider's https:// URL", c.IdP.URL)
 		return
 	}
-	if err := idp.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
+	if err := bearer.CheckJWKSURL(c.IdPConfig().JWKS); err != nil {
 		bad("--idp-jwks: %v", err)
 	}
 }

@@ -17,8 +17,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/instance"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/platform/conns"
@@ -69,7 +68,7 @@ type Plane struct {
 
 	keys     *space.Keys
 	identity instance.Identity
-	gate     *gate.Gate
+	gate     *issue.Gate
 	stores   *store.Stores
 	storeNC  *nats.Conn
 	// inProcess, with an embedded broker, connects the plane's own users in process: no
@@ -186,7 +185,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 		return nil, err
 	}
 
-	planeIssuer, err := mint.NewIssuer(p.keys.Plane.Public(), p.keys.Plane.Signer, cfg.Now)
+	planeIssuer, err := issue.NewIssuer(p.keys.Plane.Public(), p.keys.Plane.Signer, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -264,7 +263,7 @@ func Start(ctx context.Context, cfg Config) (_ *Plane, err error) {
 
 	p.setPhase("starting the services")
 	// One issuer for the data account: its signing key is derived once, for every user of it.
-	dataIssuer, err := mint.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
+	dataIssuer, err := issue.NewIssuer(p.keys.Data.Public(), p.keys.Data.Signer, cfg.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +351,7 @@ func (p *Plane) healthy(ctx context.Context) (bool, string) {
 	if reason := p.renewalFailing(); reason != "" {
 		return false, reason
 	}
-	g, err := gate.Of(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
+	g, err := issue.GateOf(p.stores.Auth, subjects.GateEndpointAuth, p.identity.InstanceID).Observe(ctx)
 	switch {
 	case err != nil:
 		return false, "cannot read its gate: " + fault.Store(err, "reading").Message

@@ -10,7 +10,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -70,12 +70,12 @@ func (p *Plane) trust() manager.Trust {
 // servingAuth authenticates the serving connection as a fresh data-account user, signed at
 // every (re)connect by the generation of signing keys that signs then: an emergency rotation
 // closes the connection, and it comes back under the new keys.
-func (p *Plane) servingAuth(data *mint.Issuer) (nats.Option, error) {
+func (p *Plane) servingAuth(data *issue.Issuer) (nats.Option, error) {
 	name, perms := p.userName("serving"), subjects.ServingPermissions(p.cfg.Space)
 	if p.rot.rotation == nil {
 		return data.Connect(name, perms, p.cfg.PlaneUserTTL)
 	}
-	return mint.ConnectVia(func() (*mint.Issuer, error) {
+	return issue.ConnectVia(func() (*issue.Issuer, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.RequestTimeout)
 		defer cancel()
 		st, err := p.rot.rotation.State(ctx)

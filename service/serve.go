@@ -13,12 +13,9 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/budget"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/issue"
-	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/metrics"
 	"github.com/cotal-ai/authplane/subjects"
@@ -44,14 +41,14 @@ type doors struct {
 }
 
 // buildDoors builds the doors, the audit writer's summary flusher with them.
-func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
+func (p *Plane) buildDoors(dataIssuer *issue.Issuer) (*doors, error) {
 	cfg := p.cfg
 	recorder := audit.New(cfg.Space, p.stores, p.log, cfg.Now)
 	recorder.PerMinute, recorder.Summarized = cfg.AuditRecords, p.metrics.Summarized
 	// The record budgets' summaries are flushed until the services have stopped, then once
 	// more (this closer runs after theirs).
 	p.untilClose("flush the audit summaries", recorder.Run)
-	claims := &claim.Claims{KV: p.stores.Auth}
+	claims := &issue.Claims{KV: p.stores.Auth}
 	// An owner may claim its whole budget at once, and gets it back over the minted records'
 	// retention: in any such window it holds at most twice its budget of new keys' records.
 	// The callout's users each get a key the broker chose: as many a bearer's life as the
@@ -59,17 +56,17 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 	bearerLife := bearer.MaxTTL + bearer.Skew
 	// Every tenant budget but the per-principal rate is a row in the fence bucket, so it holds
 	// per space (docs/OPERATIONS.md, "Budgets").
-	stored := func(name string, perSecond float64, burst int) *budget.Stored {
-		return &budget.Stored{KV: p.stores.Auth, Budget: name, PerSecond: perSecond, Burst: burst, Now: cfg.Now}
+	stored := func(name string, perSecond float64, burst int) *issue.StoredBudget {
+		return &issue.StoredBudget{KV: p.stores.Auth, Budget: name, PerSecond: perSecond, Burst: burst, Now: cfg.Now}
 	}
 	newKeys := &issue.KeyBudgets{
-		PerOwner: stored(budget.NewKeysOwner, float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner),
+		PerOwner: stored(issue.NewKeysOwner, float64(cfg.NewKeysPerOwner)/store.MintedMaxAge.Seconds(), cfg.NewKeysPerOwner),
 		Window:   store.MintedMaxAge, Limit: cfg.NewKeysPerOwner,
-		PerOwnerConnections: stored(budget.ConnectionKeysOwner, float64(cfg.MaxConnectionsPerOwner)/bearerLife.Seconds(), int(cfg.MaxConnectionsPerOwner)),
+		PerOwnerConnections: stored(issue.ConnectionKeysOwner, float64(cfg.MaxConnectionsPerOwner)/bearerLife.Seconds(), int(cfg.MaxConnectionsPerOwner)),
 		ConnectionsWindow:   bearerLife, ConnectionsLimit: int(cfg.MaxConnectionsPerOwner),
 	}
 	pipeline := &issue.Pipeline{Issuer: dataIssuer, Audit: counted{recorder, p.metrics}, Claims: claims, NewKeys: newKeys, Now: cfg.Now, Fenced: p.fenced.Load,
-		Limits: mint.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
+		Limits: issue.Limits{Subs: cfg.MaxSubscriptions, Payload: cfg.MaxPayload}}
 	if cfg.Hooks != nil {
 		pipeline.BeforeCommit = cfg.Hooks.BeforeCommit
 	}
@@ -95,7 +92,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		MaxInstancesPerOwner: cfg.MaxInstancesPerOwner,
 		// A tenth of an hour's budget at once.
 		Reregistrations: &manager.Reregistrations{
-			PerOwner:       stored(budget.ReregistrationsOwner, float64(cfg.ReregistrationsPerOwner)/3600, max(cfg.ReregistrationsPerOwner/10, 1)),
+			PerOwner:       stored(issue.ReregistrationsOwner, float64(cfg.ReregistrationsPerOwner)/3600, max(cfg.ReregistrationsPerOwner/10, 1)),
 			InstanceHourly: cfg.ReregistrationsPerInstance, OwnerHourly: cfg.ReregistrationsPerOwner, Now: cfg.Now,
 		},
 		Records: recorder,
@@ -120,7 +117,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		sup.AfterEndStep = cfg.Hooks.AfterEndStep
 	}
 	engine.Assignments = sup
-	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: budget.New(cfg.Rate, cfg.Burst, cfg.Now), OwnerInFlight: cfg.OwnerInFlight, Audit: recorder, Fenced: p.fenced.Load,
+	d := &doors{records: recorder, guard: &handlers.Guard{Limiter: issue.NewBuckets(cfg.Rate, cfg.Burst, cfg.Now), OwnerInFlight: cfg.OwnerInFlight, Audit: recorder, Fenced: p.fenced.Load,
 		Draining: p.draining.Load, Unsynced: func() bool { return p.unsyncedRefused() != "" }, Metrics: p.metrics}}
 	d.fns = map[string]handlers.Func{
 		subjects.EndpointManagerAuthority:    handlers.ManagerAuthority(engine),
@@ -133,7 +130,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 		return nil, err
 	}
 	// The callout signs an answer for every connection: its key is derived once.
-	calloutSigner, err := mint.Derived(p.keys.Callout.Signer)
+	calloutSigner, err := issue.Derived(p.keys.Callout.Signer)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +146,7 @@ func (p *Plane) buildDoors(dataIssuer *mint.Issuer) (*doors, error) {
 // serveBus serves the doors on a first generation of the serving side, replaced at two thirds
 // of the plane users' lifetime: the new generation registers before the old one stops, so
 // callers never meet a moment with no responders.
-func (p *Plane) serveBus(dataIssuer *mint.Issuer, d *doors) error {
+func (p *Plane) serveBus(dataIssuer *issue.Issuer, d *doors) error {
 	cfg := p.cfg
 	bus := &handlers.Bus{Space: cfg.Space, Timeout: cfg.RequestTimeout, Guard: d.guard, Log: p.log}
 	fns := d.fns

@@ -14,9 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
-	"github.com/cotal-ai/authplane/internal/platform/files"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -59,7 +58,7 @@ func (p *Plane) newSigners(system *nats.Conn) error {
 	}
 	if p.info.Embedded {
 		p.signers.Keep = func(token string) error {
-			return files.WriteAtomic(filepath.Join(p.cfg.Dir, accountJWTFile), []byte(token), files.Private)
+			return space.WriteAtomic(filepath.Join(p.cfg.Dir, accountJWTFile), []byte(token), space.Private)
 		}
 	}
 	// The account JWT that lists the keys is pushed to, and read back from, every server in one
@@ -191,7 +190,7 @@ func (p *Plane) pinServers() error {
 	if p.info.Embedded || len(urls) < 2 {
 		return nil // one server: no other serves while it is down
 	}
-	iss, err := mint.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
+	iss, err := issue.NewIssuer(p.keys.System.Public(), p.keys.System.Signer, p.cfg.Now)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/internal/bench"
-	"github.com/cotal-ai/authplane/internal/platform/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -204,7 +203,7 @@ func intList(s string) ([]int, error) {
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	_, fromEnv := os.LookupEnv(envflag.EnvName(envPrefix, name)) // parse sets those beside the flag package
+	_, fromEnv := os.LookupEnv(envName(envPrefix, name)) // parse sets those beside the flag package
 	return set || fromEnv
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/platform/files"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -81,10 +81,10 @@ func agent(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+	if err := space.EnsureDir(filepath.Dir(*out)); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
-	if err := files.WriteAtomic(*out, []byte(secret+"\n"), files.Private); err != nil {
+	if err := space.WriteAtomic(*out, []byte(secret+"\n"), space.Private); err != nil {
 		return fmt.Errorf("the agent's secret is set but could not be written (run again for a new one): %w", err)
 	}
 	fmt.Fprintf(stdout, "wrote the secret of agent %s to %s (reusable: exchange it for each bearer; --revoke ends it)\n", principal, *out)

@@ -10,8 +10,6 @@ import (
 	"io"
 	"os"
 	"strings"
-
-	"github.com/cotal-ai/authplane/internal/platform/envflag"
 )
 
 // command is one subcommand: its name, what its usage line shows after the name, what it
@@ -160,7 +158,7 @@ func parseValues(fs *flag.FlagSet, args []string) ([]error, error) {
 	out, printUsage := fs.Output(), fs.Usage
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	bad, err := envflag.Parse(fs, args, envflag.Options{Prefix: envPrefix, Lookup: os.LookupEnv})
+	bad, err := parseEnv(fs, args, envOptions{Prefix: envPrefix, Lookup: os.LookupEnv})
 	fs.SetOutput(out)
 	fs.Usage = printUsage
 	switch {

@@ -9,7 +9,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/cotal-ai/authplane/internal/platform/envflag"
 	"github.com/cotal-ai/authplane/service"
 )
 
@@ -119,7 +118,7 @@ func TestAFlagFromTheEnvironmentCountsAsGiven(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.env != "" {
-				t.Setenv(envflag.EnvName(envPrefix, "replicas"), tc.env)
+				t.Setenv(envName(envPrefix, "replicas"), tc.env)
 			}
 			fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 			fs.Int("replicas", 3, "")

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/platform/files"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -117,10 +116,10 @@ func creds(args []string, stdout, stderr io.Writer) error {
 	if err := admin.RecordCreds(ctx, m, url, issued); err != nil {
 		return fmt.Errorf("%s not written: its minted record could not be: %w", *out, err)
 	}
-	if err := files.EnsureDir(filepath.Dir(*out)); err != nil {
+	if err := space.EnsureDir(filepath.Dir(*out)); err != nil {
 		return err
 	}
-	if err := files.WriteAtomic(*out, issued.Data, files.Private); err != nil {
+	if err := space.WriteAtomic(*out, issued.Data, space.Private); err != nil {
 		return err
 	}
 	if o.Role == admin.RoleAuditor {
@@ -221,14 +220,14 @@ func secretAt(flag, path, inside string) error {
 	}
 	for dir := abs; filepath.Dir(dir) != dir; dir = filepath.Dir(dir) {
 		if filepath.Base(dir) == stateRoot {
-			if err := files.MarkIgnored(dir); err != nil {
+			if err := space.MarkIgnored(dir); err != nil {
 				return err
 			}
 			break
 		}
 	}
-	err = files.CheckIgnored(filepath.Join(path, inside))
-	if errors.Is(err, files.ErrCommittable) {
+	err = space.CheckIgnored(filepath.Join(path, inside))
+	if errors.Is(err, space.ErrCommittable) {
 		return fmt.Errorf("%s %s: %w; write the secret outside the work tree, or under %s/ (%s %s), which authplane has git ignore",
 			flag, path, err, stateRoot, flag, filepath.Join(stateRoot, filepath.Base(path)))
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -248,14 +248,14 @@ func TestAPlaneAccountUserThatMayOnlyReadStreamInfoWritesAFenceThroughItsReply(t
 	t.Parallel()
 	p := harness.StartPlane(t, nil)
 	m := p.Keys()
-	iss, err := mint.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
+	iss, err := issue.NewIssuer(m.Plane.Public(), m.Plane.Signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kp := harness.MustKey(t)
 	pub := harness.PubOf(t, kp)
 	info := "$JS.API.STREAM.INFO." + subjects.AuditStream(harness.TestSpace)
-	token, err := iss.Sign(mint.User{Name: "test.reader", Key: pub, Expires: time.Now().Add(time.Hour),
+	token, err := iss.Sign(issue.User{Name: "test.reader", Key: pub, Expires: time.Now().Add(time.Hour),
 		Permissions: subjects.Permissions{Pub: []string{info}, Sub: []string{"_INBOX.reader.>"}}})
 	if err != nil {
 		t.Fatal(err)

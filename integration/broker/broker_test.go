@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
@@ -28,7 +28,7 @@ import (
 func dataUserConn(t *testing.T, p *harness.TestPlane, name string, g subjects.Permissions, errs *harness.AsyncErrors) *nats.Conn {
 	t.Helper()
 	m := p.Keys()
-	iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
+	iss, err := issue.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,11 +211,11 @@ func TestBrokerRefusesThePlanesServingIdentityOutsideInboxes(t *testing.T) {
 
 	t.Run("its JWT has no response permission and publishes only into inboxes", func(t *testing.T) {
 		m := p.Keys()
-		iss, err := mint.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
+		iss, err := issue.NewIssuer(m.Data.Public(), m.Data.Signer, time.Now)
 		if err != nil {
 			t.Fatal(err)
 		}
-		token, err := iss.Sign(mint.User{Name: "test.serving", Key: harness.NewUserKey(t), Permissions: subjects.ServingPermissions(harness.TestSpace), Expires: time.Now().Add(time.Minute)})
+		token, err := iss.Sign(issue.User{Name: "test.serving", Key: harness.NewUserKey(t), Permissions: subjects.ServingPermissions(harness.TestSpace), Expires: time.Now().Add(time.Minute)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,7 +402,7 @@ func TestEveryAccountSignerOfTheSpaceMaterialSignsUsersTheBrokerAccepts(t *testi
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			iss, err := mint.NewIssuer(tt.account.Public(), tt.account.Signer, time.Now)
+			iss, err := issue.NewIssuer(tt.account.Public(), tt.account.Signer, time.Now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -416,7 +416,7 @@ func TestEveryAccountSignerOfTheSpaceMaterialSignsUsersTheBrokerAccepts(t *testi
 			if err != nil {
 				t.Fatal(err)
 			}
-			token, err := iss.Sign(mint.User{Name: "test." + tt.name, Key: pub, Permissions: grant, Expires: time.Now().Add(time.Minute)})
+			token, err := iss.Sign(issue.User{Name: "test." + tt.name, Key: pub, Permissions: grant, Expires: time.Now().Add(time.Minute)})
 			if err != nil {
 				t.Fatal(err)
 			}

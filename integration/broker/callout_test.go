@@ -18,10 +18,9 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -33,7 +32,7 @@ import (
 // the broker cuts it off, and the bearer no longer connects.
 func TestBundleExchangeConnectExpire(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, nil)
 	owner := harness.HumanOwner(t, p, ip, "alice@example.com")
 	harness.Grant(t, p, owner, "cli")
@@ -100,7 +99,7 @@ func TestBundleExchangeConnectExpire(t *testing.T) {
 // refused connection is recorded, not minted.
 func TestCalloutRefusesBadBearers(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, nil)
 	b := harness.FetchBundle(t, p.PublicURL())
 
@@ -156,11 +155,11 @@ func TestCalloutRefusesBadBearers(t *testing.T) {
 // bearer — loopback only, for an admin — connects as an operator who may discover the service.
 func TestCalloutRecordsAndOpsView(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	var dir string
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) { dir = c.Dir })
 	owner := harness.HumanOwner(t, p, ip, "carol")
-	harness.Grant(t, p, owner, "ops", ledger.Admin)
+	harness.Grant(t, p, owner, "ops", manager.Admin)
 	b := harness.FetchBundle(t, p.PublicURL())
 
 	body := map[string]any{"idpToken": ip.Token(t, ip.Claims("carol", time.Hour)), "actor": "ops", "view": "ops"}
@@ -203,7 +202,7 @@ func TestCalloutRecordsAndOpsView(t *testing.T) {
 // between the check and the commit gets no connection, and the mint is recorded discarded.
 func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	var armed atomic.Bool
 	reached, release := make(chan struct{}), make(chan struct{})
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
@@ -273,7 +272,7 @@ func TestCalloutCommitsOnTheLedgerRow(t *testing.T) {
 func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
 	t.Parallel()
 	s := harness.StartStandalone(t, harness.TestSpace)
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	a := harness.StartFacesPlane(t, ip, harness.AgainstStandalone(s))
 	b := harness.StartFacesPlane(t, ip, harness.AgainstStandalone(s))
 	owner := harness.HumanOwner(t, a, ip, "dana")
@@ -336,7 +335,7 @@ func TestReplicasShareTheBearerKeysAndTheCallout(t *testing.T) {
 // kicked nothing and reported every connection of it closed.)
 func TestCalloutConnectionsAreFoundBehindPagesOfOthersThatSentTheirName(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, nil)
 	b := harness.FetchBundle(t, p.PublicURL())
 	principal := subjects.Principal(harness.OwnerA, "worker")

@@ -14,7 +14,6 @@ import (
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/platform/conns"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 )
@@ -57,7 +56,7 @@ func kickedWithin(t *testing.T, url, creds string) bool {
 func TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff(t *testing.T) {
 	harness.Long(t, "waits out a back-off")
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 3
 	})
@@ -128,7 +127,7 @@ func TestAConnectionKickedPastItsCapIsKeptOutForTheBackoff(t *testing.T) {
 func TestReconnectChurnIsHeldOutAndRefusesNoOtherOwner(t *testing.T) {
 	harness.Long(t, "seconds of reconnect churn")
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	const hold = 20 * time.Second
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner = 60, 4, 8, 20

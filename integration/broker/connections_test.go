@@ -12,7 +12,6 @@ import (
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/platform/conns"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -39,7 +38,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 	const ttl = 10 * time.Second
 	logs := &harness.SyncBuffer{}
 	start := time.Now()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 4
 		c.PlaneUserTTL, c.RequestTimeout, c.Rate = ttl, 2*time.Second, 0
@@ -236,7 +235,7 @@ func TestAFailingServingRenewalIsRetriedAndShownByHealth(t *testing.T) {
 // user of a fourth principal is kicked within excessLife, and another owner's agent connects.
 func TestOneOwnerCannotTakeTheTenantsShareThroughManyPrincipals(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner = 40, 4, 4, 12
 		c.Rate = 0
@@ -298,7 +297,7 @@ func TestOneOwnerCannotTakeTheTenantsShareThroughManyPrincipals(t *testing.T) {
 // that opted out gets in, and the one on the defaults has closed.
 func TestABearerClientOnNatsDefaultsGivesUpAfterTwoRefusalsAndOneThatOptsOutGetsIn(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnections, c.ReservedConnections, c.MaxConnectionsPerPrincipal = 40, 4, 1
 	})

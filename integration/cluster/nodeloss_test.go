@@ -22,7 +22,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
@@ -831,8 +831,8 @@ func superseded(bucket, key string, before, after []byte) string {
 	}
 	switch {
 	case strings.HasPrefix(key, "epgate."):
-		b, berr := gate.Parse(before)
-		a, aerr := gate.Parse(after)
+		b, berr := issue.ParseGate(before)
+		a, aerr := issue.ParseGate(after)
 		if berr != nil || aerr != nil {
 			return fmt.Sprintf("does not parse: %v %v", berr, aerr)
 		}

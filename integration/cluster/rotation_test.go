@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // TestAnEmergencyRotationKillsEveryCredentialOfTheOldKeysOnEveryServer is the emergency
@@ -15,6 +15,6 @@ func TestAnEmergencyRotationKillsEveryCredentialOfTheOldKeysOnEveryServer(t *tes
 	harness.Long(t, "a three-node cluster")
 	t.Parallel()
 	c := startCluster(t, harness.TestSpace, 3)
-	p := harness.StartFacesPlane(t, idptest.New(t), againstCluster(c))
+	p := harness.StartFacesPlane(t, testkit.NewIdP(t), againstCluster(c))
 	harness.Emergency(t, p, []string{c.URL(0), c.URL(1), c.URL(2)})
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -67,7 +67,7 @@ func jwtClaims(t *testing.T, token string, depth int) map[string]any {
 // they do not carry: a verifier that is not told a bearer's aud refuses it (PyJWT).
 func TestProtocolStatesEveryClaimOfTheBearerAndOfAMintedCredential(t *testing.T) {
 	t.Parallel()
-	p := harness.StartFacesPlane(t, idptest.New(t), nil)
+	p := harness.StartFacesPlane(t, testkit.NewIdP(t), nil)
 	bearer := jwtClaims(t, harness.AgentBearer(t, p, harness.OwnerA, "worker"), 1)
 	if got, want := slices.Sorted(maps.Keys(bearer)), documentedClaims(t, "#### The bearer's claims"); !slices.Equal(got, want) {
 		t.Errorf("a bearer's claims: got %v, docs/PROTOCOL.md states %v", got, want)

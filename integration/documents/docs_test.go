@@ -251,11 +251,7 @@ func TestNoFileCitesADocumentOutsideTheRepository(t *testing.T) {
 // testSupport are the packages only tests may import.
 var testSupport = []string{
 	"github.com/cotal-ai/authplane/integration/internal/harness",
-	"github.com/cotal-ai/authplane/internal/core/fault/faulttest",
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest",
 	"github.com/cotal-ai/authplane/internal/powercut",
-	"github.com/cotal-ai/authplane/internal/proptest",
-	"github.com/cotal-ai/authplane/internal/core/store/storetest",
 	"github.com/cotal-ai/authplane/internal/testkit",
 }
 

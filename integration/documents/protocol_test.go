@@ -22,7 +22,6 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -594,7 +593,7 @@ func TestProtocolExamplesAreWhatThePlaneTakesAndAnswers(t *testing.T) {
 			data := []byte(ex.body)
 			if spec.into != nil {
 				v := spec.into()
-				if err := body.Decode(data, v); err != nil {
+				if err := fault.Decode(data, v); err != nil {
 					t.Fatalf("PROTOCOL.md:%d: %s does not decode, closed, as %T: %v", ex.line, key, v, err)
 				}
 				var generic any
@@ -626,7 +625,7 @@ func TestProtocolExamplesAreWhatThePlaneTakesAndAnswers(t *testing.T) {
 				}
 			case ex.role == "refusal":
 				var b client.ErrorBody
-				if err := body.Decode(data, &b); err != nil {
+				if err := fault.Decode(data, &b); err != nil {
 					t.Fatal(err)
 				}
 				if b.Error.Details != nil {
@@ -635,7 +634,7 @@ func TestProtocolExamplesAreWhatThePlaneTakesAndAnswers(t *testing.T) {
 						t.Fatal(err)
 					}
 					var f client.RunFence
-					if err := body.Decode(raw, &f); err != nil {
+					if err := fault.Decode(raw, &f); err != nil {
 						t.Errorf("PROTOCOL.md:%d: %s: details do not decode, closed, as a run fence: %v", ex.line, key, err)
 					}
 				}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // An exchange body that misses a field is refused bad-request naming what is missing, for the
@@ -14,7 +14,7 @@ import (
 // agent told to send an idpToken has none to send.
 func TestAnExchangeMissingAFieldIsToldWhichOne(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, nil)
 	token := ip.Token(t, ip.Claims("alice", 0))
 	for _, c := range []struct {

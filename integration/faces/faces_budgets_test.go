@@ -12,7 +12,7 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 )
@@ -255,7 +255,7 @@ func TestADoorWhoseWorkOutlastsTheBodyTimeoutStillAnswers(t *testing.T) {
 	for _, fc := range f.Faces() {
 		t.Run(fc.Name, func(t *testing.T) {
 			// A key the plane has not fetched yet: the exchange waits on a fresh fetch.
-			f.Clock.Advance(idp.RefreshEvery + time.Second) // past the verifier's refresh interval
+			f.Clock.Advance(bearer.RefreshEvery + time.Second) // past the verifier's refresh interval
 			stall := make(chan struct{})
 			f.Ip.Stall.Store(&stall)
 			before := f.Ip.Fetches.Load()

@@ -21,7 +21,6 @@ import (
 
 	"github.com/cotal-ai/authplane/handlers"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -49,15 +48,15 @@ func TestHostileIdPTokensAreRefusedByBothDoors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := idptest.New(t) // another IdP's key, under this IdP's kid, issuer and audience
+	other := testkit.NewIdP(t) // another IdP's key, under this IdP's kid, issuer and audience
 	claims := f.Ip.Claims("someone", time.Hour)
 	forgeries := append(f.Ip.Forgeries(t),
-		idptest.Forgery{Name: "a plane bearer", Token: planeBearer},
-		idptest.Forgery{Name: "a NATS user JWT", Token: natsJWT},
-		idptest.Forgery{Name: "another IdP's key under this IdP's kid", Token: other.Sign(t, claims, map[string]any{"kid": f.Ip.KID})},
-		idptest.Forgery{Name: "an x5c header", Token: f.Ip.Sign(t, claims, map[string]any{"kid": f.Ip.KID, "x5c": []string{"MIIBfake"}})},
-		idptest.Forgery{Name: "a crit header", Token: f.Ip.Sign(t, claims, map[string]any{"kid": f.Ip.KID, "crit": []string{"exp"}})},
-		idptest.Forgery{Name: "an empty token", Token: ""},
+		testkit.Forgery{Name: "a plane bearer", Token: planeBearer},
+		testkit.Forgery{Name: "a NATS user JWT", Token: natsJWT},
+		testkit.Forgery{Name: "another IdP's key under this IdP's kid", Token: other.Sign(t, claims, map[string]any{"kid": f.Ip.KID})},
+		testkit.Forgery{Name: "an x5c header", Token: f.Ip.Sign(t, claims, map[string]any{"kid": f.Ip.KID, "x5c": []string{"MIIBfake"}})},
+		testkit.Forgery{Name: "a crit header", Token: f.Ip.Sign(t, claims, map[string]any{"kid": f.Ip.KID, "crit": []string{"exp"}})},
+		testkit.Forgery{Name: "an empty token", Token: ""},
 	)
 	if len(forgeries) > 250 {
 		t.Fatal("too many forgeries for one peer each")
@@ -314,7 +313,7 @@ func TestAHungUpJunkTokenDoesNotBlindTheIdPVerifier(t *testing.T) {
 	f := harness.StartFaces(t, nil)
 	owner := harness.HumanOwner(t, f.TestPlane, f.Ip, "victim")
 	harness.Grant(t, f.TestPlane, owner, "cli")
-	junk := idptest.Unsigned(t, map[string]any{"alg": "EdDSA", "kid": "nope"}, map[string]any{"sub": "x"}, []byte("sig"))
+	junk := testkit.Unsigned(t, map[string]any{"alg": "EdDSA", "kid": "nope"}, map[string]any{"sub": "x"}, []byte("sig"))
 	body := fmt.Sprintf(`{"idpToken":%q,"actor":"cli"}`, junk)
 	c, err := net.Dial("tcp", strings.TrimPrefix(f.PublicURL(), "http://"))
 	if err != nil {

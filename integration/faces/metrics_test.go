@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -15,7 +15,7 @@ import (
 // not fenced; the public face does not serve it.
 func TestMetricsCountAKnownSequenceOfCalls(t *testing.T) {
 	t.Parallel()
-	p := harness.StartFacesPlane(t, idptest.New(t), nil)
+	p := harness.StartFacesPlane(t, testkit.NewIdP(t), nil)
 	cli := harness.CallerConn(t, p, harness.OwnerA, "cli")
 	m := harness.NewManagerKeys(t)
 	const ma = subjects.EndpointManagerAuthority

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -29,7 +29,7 @@ var secretShape = regexp.MustCompile(`eyJ[A-Za-z0-9_-]{8,}\.|S[ANOUCXP][A-Z2-7]{
 func TestNoSeedBearerProofOrJWTReachesTheLogOrTheRecords(t *testing.T) {
 	t.Parallel()
 	logs := &harness.SyncBuffer{}
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) { c.Logger = harness.NewTextLogger(logs) })
 	var secrets []string
 	keep := func(s ...string) {

@@ -14,7 +14,6 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -25,7 +24,7 @@ import (
 // it again; another agent of the same owner keeps its connection.
 func TestAgentRevokeClosesItsLiveConnections(t *testing.T) {
 	t.Parallel()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, nil)
 	b := harness.FetchBundle(t, p.PublicURL())
 

@@ -13,7 +13,6 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -22,7 +21,7 @@ import (
 // TestAnEmergencyRotationKillsEveryCredentialOfTheOldKeysOnTheEmbeddedBroker: see harness.Emergency.
 func TestAnEmergencyRotationKillsEveryCredentialOfTheOldKeysOnTheEmbeddedBroker(t *testing.T) {
 	t.Parallel()
-	p := harness.StartFacesPlane(t, idptest.New(t), nil)
+	p := harness.StartFacesPlane(t, testkit.NewIdP(t), nil)
 	harness.Emergency(t, p, []string{p.NATSURL()})
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/core/budget"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/internal/testkit"
@@ -407,7 +407,7 @@ func TestAFirstPrepareRefusedAtItsCommitTakesItsKeyOffAndSpendsItsBudget(t *test
 	var left struct {
 		Tokens float64 `json:"tokens"`
 	}
-	harness.ReadRecord(t, p, subjects.AuthBucket(harness.TestSpace), "$KV."+subjects.AuthBucket(harness.TestSpace)+"."+subjects.BudgetKey(budget.NewKeysOwner, harness.OwnerA), &left)
+	harness.ReadRecord(t, p, subjects.AuthBucket(harness.TestSpace), "$KV."+subjects.AuthBucket(harness.TestSpace)+"."+subjects.BudgetKey(issue.NewKeysOwner, harness.OwnerA), &left)
 	if left.Tokens > 100-12+0.5 {
 		t.Errorf("the owner's new-keys budget holds %.2f of 100 after two first prepares, want 88: six keys each, the refused one's too", left.Tokens)
 	}

@@ -16,8 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/gate"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
@@ -320,7 +319,7 @@ func liveGates(t testing.TB, p *harness.TestPlane, ms []*harness.ManagerKeys) in
 		if err != nil {
 			continue
 		}
-		if row, err := gate.Parse(e.Data); err == nil && row.State != gate.Retired {
+		if row, err := issue.ParseGate(e.Data); err == nil && row.State != issue.GateRetired {
 			n++
 		}
 	}
@@ -488,7 +487,7 @@ func TestAConnectionNamedAfterAnotherKeyDoesNotHoldUpItsEnd(t *testing.T) {
 func TestAnOwnersCalloutConnectionsAreBoundedABearersLife(t *testing.T) {
 	t.Parallel()
 	const perOwner = 12
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	p := harness.StartFacesPlane(t, ip, func(c *service.Config) {
 		c.MaxConnectionsPerPrincipal, c.MaxConnectionsPerOwner, c.NewKeysPerOwner = 4, perOwner, 10
 	})

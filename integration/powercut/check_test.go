@@ -21,8 +21,8 @@ import (
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
@@ -211,12 +211,12 @@ func (c *checker) mintedByKey() map[string]harness.MintedCredential {
 }
 
 // gate is the manager gate of iid as stored, or nil.
-func (c *checker) gate(iid string) *gate.Row {
+func (c *checker) gate(iid string) *issue.GateRow {
 	raw := c.row(subjects.AuthBucket(harness.TestSpace), subjects.GateKey(subjects.GateEndpointManager, iid))
 	if raw == nil {
 		return nil
 	}
-	g, err := gate.Parse(raw)
+	g, err := issue.ParseGate(raw)
 	if err != nil {
 		return nil
 	}
@@ -299,7 +299,7 @@ func (c *checker) assignments() {
 		if row.State != client.StateEnded {
 			c.lost(kindEnd, "owner %s's assignment of instance %s (ended in cut %d) is %s, want ended", as.Owner, iid, end.Trial, row.State)
 		}
-		if g := c.gate(iid); g == nil || g.State != gate.Retired {
+		if g := c.gate(iid); g == nil || g.State != issue.GateRetired {
 			state := "gone"
 			if g != nil {
 				state = g.State
@@ -319,7 +319,7 @@ func (c *checker) scopes() {
 	for _, principal := range slices.Sorted(maps.Keys(c.a.scopes)) {
 		s := c.a.scopes[principal]
 		owner, actor, _ := subjects.SplitPrincipal(principal)
-		var row ledger.Row
+		var row manager.ActorRow
 		var got []string
 		if raw := c.row(actors, subjects.ActorKey(owner, actor)); raw != nil {
 			if err := json.Unmarshal(raw, &row); err != nil {
@@ -345,7 +345,7 @@ func (c *checker) agents() {
 	for _, principal := range slices.Sorted(maps.Keys(c.a.agents)) {
 		ag := c.a.agents[principal]
 		owner, actor, _ := subjects.SplitPrincipal(principal)
-		var row ledger.Row
+		var row manager.ActorRow
 		if raw := c.row(actors, subjects.ActorKey(owner, actor)); raw != nil {
 			if err := json.Unmarshal(raw, &row); err != nil {
 				c.lost(kindAgent, "%s: its ledger row %q does not decode: %v", principal, raw, err)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
-	"github.com/cotal-ai/authplane/internal/platform/envflag"
 )
 
 // secret is a password a URL carries in these tests: it must never be shown.
@@ -90,7 +89,7 @@ func TestEveryServeFlagReadsItsEnvironmentVariable(t *testing.T) {
 	}
 	var env, want []string
 	for _, m := range regexp.MustCompile(`(?m)^  -(\S+) (int|float|duration)$`).FindAllStringSubmatch(string(out), -1) {
-		name := envflag.EnvName("AUTHPLANE", m[1])
+		name := "AUTHPLANE_" + strings.ToUpper(strings.ReplaceAll(m[1], "-", "_"))
 		env, want = append(env, name+"=not-a-number"), append(want, name)
 	}
 	if len(want) < 15 {

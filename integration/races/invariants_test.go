@@ -19,7 +19,7 @@ import (
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -300,7 +300,7 @@ func (inv *invariants) checkGate(t testing.TB, iid string) {
 		t.Errorf("gate of %s: %v", iid, err)
 		return
 	}
-	row, err := gate.Parse(m.Data)
+	row, err := issue.ParseGate(m.Data)
 	if err != nil {
 		t.Errorf("gate of %s: %v", iid, err)
 		return
@@ -326,7 +326,7 @@ func (inv *invariants) checkGate(t testing.TB, iid string) {
 		}
 		last = max(last, r)
 	}
-	if row.State != gate.Open {
+	if row.State != issue.GateOpen {
 		if _, ok := inv.frozen[iid]; !ok {
 			t.Errorf("gate of %s: %s, but the checker saw no freeze", iid, row.State)
 		}

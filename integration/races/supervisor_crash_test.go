@@ -13,7 +13,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -50,9 +50,9 @@ func normalized(t testing.TB, s *harness.Supervised, r *client.EndReport) string
 // generations' attempts, and whether its signing key is live.
 func finalState(t testing.TB, p *harness.TestPlane, s *harness.Supervised, r *client.EndReport) string {
 	t.Helper()
-	var g gate.Row
+	var g issue.GateRow
 	harness.ReadRecord(t, p, subjects.AuthBucket(harness.TestSpace), "$KV."+subjects.AuthBucket(harness.TestSpace)+"."+subjects.GateKey(subjects.GateEndpointManager, s.M.Iid), &g)
-	opOK := g.Op != nil && g.Op.Kind == gate.OpRetirement && g.Op.OpID == gate.RetirementOpID(s.M.Uid)
+	opOK := g.Op != nil && g.Op.Kind == issue.OpRetirement && g.Op.OpID == issue.RetirementOpID(s.M.Uid)
 	var a client.Assignment
 	harness.ReadRecord(t, p, subjects.PlatformBucket(harness.TestSpace), "$KV."+subjects.PlatformBucket(harness.TestSpace)+"."+subjects.AssignmentKey(s.Owner), &a)
 	state := fmt.Sprintf("gate %s (its end's op: %v), assignment %s", g.State, opOK, a.State)

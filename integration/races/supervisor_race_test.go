@@ -16,7 +16,7 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/integration/internal/harness"
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -67,8 +67,8 @@ func (w *raceWatch) frozen(t testing.TB, iid string) error {
 	}
 	m, err := harness.FenceEntry(t, w.p, subjects.GateKey(subjects.GateEndpointManager, iid))
 	if err == nil {
-		var row gate.Row
-		if row, err = gate.Parse(m.Data); err == nil && row.State != gate.Frozen {
+		var row issue.GateRow
+		if row, err = issue.ParseGate(m.Data); err == nil && row.State != issue.GateFrozen {
 			err = fmt.Errorf("the gate is %s after the freeze", row.State)
 		}
 	}

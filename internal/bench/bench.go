@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 )
 
@@ -267,7 +267,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Report, error) {
 // runOps registers the requesters, measures the echo and mint ceilings, then drives each
 // operation of cfg in Operations' order, into r.
 func runOps(ctx context.Context, t Target, cfg Config, r *Report, progress io.Writer) error {
-	iss, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	iss, err := issue.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -44,7 +44,7 @@ const ceilingOwner, ceilingActor = "u_benchbenchbenchbenchbenchbe", "ceiling"
 // startCeiling creates the ceiling's account (keys, signing key, curve key, callout user),
 // signs its JWT with the operator signing key, pushes it to every server, waits until each
 // holds it, and serves its callout on the broker.
-func startCeiling(ctx context.Context, t Target, s *side, data *mint.Issuer) (_ *calloutCeiling, err error) {
+func startCeiling(ctx context.Context, t Target, s *side, data *issue.Issuer) (_ *calloutCeiling, err error) {
 	if t.Keys.OperatorSigner == nil {
 		return nil, errors.New("the space material has no operator signing key: the ceiling's account cannot be signed")
 	}
@@ -93,10 +93,10 @@ func startCeiling(ctx context.Context, t Target, s *side, data *mint.Issuer) (_ 
 	}
 
 	// The answers are signed with the key derived once, as the plane's callout signs them.
-	if signer, err = mint.Derived(signer); err != nil {
+	if signer, err = issue.Derived(signer); err != nil {
 		return nil, err
 	}
-	iss, err := mint.NewIssuer(pub, signer, time.Now)
+	iss, err := issue.NewIssuer(pub, signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ type queued struct {
 }
 
 // answer decides one request: open, check, sign the fixed user, sign the answer, seal.
-func (c *calloutCeiling) answer(m *nats.Msg, xkey, signer nkeys.KeyPair, account string, data *mint.Issuer, perms subjects.Permissions) error {
+func (c *calloutCeiling) answer(m *nats.Msg, xkey, signer nkeys.KeyPair, account string, data *issue.Issuer, perms subjects.Permissions) error {
 	serverXKey := m.Header.Get("Nats-Server-Xkey")
 	plain, err := xkey.Open(m.Data, serverXKey)
 	if err != nil {
@@ -202,8 +202,8 @@ func (c *calloutCeiling) answer(m *nats.Msg, xkey, signer nkeys.KeyPair, account
 	if vr.IsBlocking(true) || req.Server.XKey != serverXKey {
 		return errors.New("not the server's request")
 	}
-	user, err := data.Sign(mint.User{Name: subjects.Principal(ceilingOwner, ceilingActor), Key: req.UserNkey, Permissions: perms,
-		Expires: time.Now().Add(bearerLife), Limits: mint.DefaultLimits})
+	user, err := data.Sign(issue.User{Name: subjects.Principal(ceilingOwner, ceilingActor), Key: req.UserNkey, Permissions: perms,
+		Expires: time.Now().Add(bearerLife), Limits: issue.DefaultLimits})
 	if err != nil {
 		return err
 	}

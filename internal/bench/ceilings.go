@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -26,7 +26,7 @@ const echoEndpoint = "bench-echo"
 // echoCeiling measures a trivial micro echo service on t's broker: cfg.Workers service
 // instances of one endpoint that answers each request with its body, asked by the same
 // requesters, with a body the size of a renewal's.
-func echoCeiling(ctx context.Context, t Target, iss *mint.Issuer, cfg Config, reqs []*requester) (_ Phase, err error) {
+func echoCeiling(ctx context.Context, t Target, iss *issue.Issuer, cfg Config, reqs []*requester) (_ Phase, err error) {
 	subject := subjects.AuthPrefix(t.Keys.Space) + "." + echoEndpoint + ".*.*"
 	// The plane's serving grant, narrowed to the echo's subject.
 	auth, err := iss.Connect("bench.echo", subjects.Permissions{Pub: []string{"_INBOX.>"}, Sub: []string{subject, "$SRV.>"}}, time.Hour)
@@ -92,7 +92,7 @@ func echoCeiling(ctx context.Context, t Target, iss *mint.Issuer, cfg Config, re
 // mintCeiling measures the plane's mint alone: iss (the plane's signer for the data account)
 // signs and validates supervisor credentials from every CPU for a measured phase, and it
 // returns credentials per second.
-func mintCeiling(ctx context.Context, iss *mint.Issuer, space string, cfg Config) (float64, error) {
+func mintCeiling(ctx context.Context, iss *issue.Issuer, space string, cfg Config) (float64, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		return 0, err
@@ -106,7 +106,7 @@ func mintCeiling(ctx context.Context, iss *mint.Issuer, space string, cfg Config
 	if err != nil {
 		return 0, err
 	}
-	user := mint.User{Name: subjects.Principal(owner, actor), Key: key, Permissions: perms, Limits: mint.DefaultLimits}
+	user := issue.User{Name: subjects.Principal(owner, actor), Key: key, Permissions: perms, Limits: issue.DefaultLimits}
 	from := time.Now().Add(cfg.warmup())
 	end := from.Add(cfg.Duration)
 	var signed atomic.Int64

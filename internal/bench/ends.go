@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -56,7 +56,7 @@ type EndCell struct {
 // of that many supervisor-ends at once, each of a lifecycle assigned, prepared and activated
 // beforehand.
 func runEnds(ctx context.Context, t Target, s *side, cfg Config, progress io.Writer) ([]EndCell, error) {
-	admin, err := connect(ctx, t, newPlatformOwner(), "bench_admin", ledger.PlatformAdmin)
+	admin, err := connect(ctx, t, newPlatformOwner(), "bench_admin", manager.PlatformAdmin)
 	if err != nil {
 		return nil, err
 	}
@@ -111,8 +111,8 @@ func fillSet(ctx context.Context, t Target, s *side, fill int) error {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			iid := subjects.NewSecret(16)
-			row := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(newOwner(), subjects.ServeActor(iid))}
-			if _, errs[i] = gate.Of(gates, subjects.GateEndpointManager, iid).Update(rctx, func(*gate.Gate) (gate.Row, error) { return row, nil }); errs[i] != nil {
+			row := issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(newOwner(), subjects.ServeActor(iid))}
+			if _, errs[i] = issue.GateOf(gates, subjects.GateEndpointManager, iid).Update(rctx, func(*issue.Gate) (issue.GateRow, error) { return row, nil }); errs[i] != nil {
 				return
 			}
 			_, errs[i] = set.Issuer(rctx, iid, 0, true)

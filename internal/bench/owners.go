@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 )
 
@@ -66,7 +66,7 @@ const PreparesPerOwner = 8
 // runOwners runs the owners phase.
 func runOwners(ctx context.Context, t Target, s *side, cfg Config, progress io.Writer) (*Owners, error) {
 	out := &Owners{Owners: cfg.Owners, Quota: t.MaxInstancesPerOwner, Capacity: t.InstanceCapacity, Held: map[int]int{}, Refused: map[string]int{}}
-	admin, err := connect(ctx, t, newPlatformOwner(), "bench_admin", ledger.PlatformAdmin)
+	admin, err := connect(ctx, t, newPlatformOwner(), "bench_admin", manager.PlatformAdmin)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func runOwners(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			reqs[i], errs[i] = connect(ctx, t, newOwner(), "cli", ledger.Supervise)
+			reqs[i], errs[i] = connect(ctx, t, newOwner(), "cli", manager.Supervise)
 		})
 	}
 	wg.Wait()

@@ -15,7 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/admin"
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
 )
 
 // requester is one principal on its own connection, with `supervise`, and the manager
@@ -65,7 +65,7 @@ func register(ctx context.Context, t Target, cfg Config) ([]*requester, error) {
 			if !cfg.OneInstance {
 				owner = newOwner()
 			}
-			reqs[i], errs[i] = connect(ctx, t, owner, fmt.Sprintf("bench_%d", i), ledger.Supervise)
+			reqs[i], errs[i] = connect(ctx, t, owner, fmt.Sprintf("bench_%d", i), manager.Supervise)
 		})
 	}
 	wg.Wait()

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/subjects"
@@ -37,7 +37,7 @@ func openSide(ctx context.Context, t Target) (_ *side, err error) {
 			s.close()
 		}
 	}()
-	planeIss, err := mint.NewIssuer(t.Keys.Plane.Public(), t.Keys.Plane.Signer, time.Now)
+	planeIss, err := issue.NewIssuer(t.Keys.Plane.Public(), t.Keys.Plane.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func openSide(ctx context.Context, t Target) (_ *side, err error) {
 	if s.store, err = nats.Connect(t.NATSURL, auth, nats.Name("authplane bench store")); err != nil {
 		return nil, fmt.Errorf("connect the bench's store user: %w", err)
 	}
-	sysIss, err := mint.NewIssuer(t.Keys.System.Public(), t.Keys.System.Signer, time.Now)
+	sysIss, err := issue.NewIssuer(t.Keys.System.Public(), t.Keys.System.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}

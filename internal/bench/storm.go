@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/cotal-ai/authplane/internal/capability/bearer"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/capability/manager"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -82,7 +82,7 @@ func runStorms(ctx context.Context, t Target, s *side, cfg Config, progress io.W
 	if err != nil {
 		return nil, err
 	}
-	data, err := mint.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
+	data, err := issue.NewIssuer(t.Keys.Data.Public(), t.Keys.Data.Signer, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ func stormPrincipals(ctx context.Context, t Target, s *side, n int) ([]stormPrin
 		return nil, err
 	}
 	bearers := bearer.New(keysKV, time.Now)
-	scope := []string{ledger.Supervise}
+	scope := []string{manager.Supervise}
 	ps := make([]stormPrincipal, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -209,7 +209,7 @@ func stormPrincipals(ctx context.Context, t Target, s *side, n int) ([]stormPrin
 			p := stormPrincipal{owner: newOwner()}
 			rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 			defer cancel()
-			if _, err := ledger.SetScope(rctx, actors, p.owner, stormActor, scope, time.Now()); err != nil {
+			if _, err := manager.SetScope(rctx, actors, p.owner, stormActor, scope, time.Now()); err != nil {
 				errs[i] = fmt.Errorf("grant %s.%s: %w", p.owner, stormActor, err)
 				return
 			}

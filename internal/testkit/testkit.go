@@ -1,5 +1,6 @@
 // Package testkit holds what the tests of every package share and no production code imports
-// (integration/documents checks that): polling a condition instead of sleeping.
+// (integration/documents checks that): polling a condition instead of sleeping, the checks of a
+// refusal's bounds, an identity provider, and an in-memory bucket and record stream.
 package testkit
 
 import (

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/cotal-ai/authplane/admin"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
-	"github.com/cotal-ai/authplane/internal/platform/idp/idptest"
+	"github.com/cotal-ai/authplane/internal/capability/bearer"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -29,11 +29,11 @@ import (
 
 // StartFacesPlane starts a plane with a public face that trusts ip, changed by mutate (which
 // may be nil).
-func StartFacesPlane(t testing.TB, ip *idptest.IdP, mutate func(*service.Config)) *TestPlane {
+func StartFacesPlane(t testing.TB, ip *testkit.IdP, mutate func(*service.Config)) *TestPlane {
 	t.Helper()
 	return StartPlane(t, func(c *service.Config) {
 		c.PublicPort = 0
-		c.IdP = idp.Config{URL: ip.Server.URL, Issuer: ip.Issuer, Audience: ip.Audience, JWKS: ip.JWKS()}
+		c.IdP = bearer.IdPConfig{URL: ip.Server.URL, Issuer: ip.Issuer, Audience: ip.Audience, JWKS: ip.JWKS()}
 		if mutate != nil {
 			mutate(c)
 		}
@@ -41,7 +41,7 @@ func StartFacesPlane(t testing.TB, ip *idptest.IdP, mutate func(*service.Config)
 }
 
 // HumanOwner is the owner the plane derives for sub at the test IdP.
-func HumanOwner(t testing.TB, p *TestPlane, ip *idptest.IdP, sub string) string {
+func HumanOwner(t testing.TB, p *TestPlane, ip *testkit.IdP, sub string) string {
 	t.Helper()
 	o, err := admin.Owner(p.Keys(), ip.Issuer, sub)
 	if err != nil {
@@ -238,7 +238,7 @@ func (c *FakeClock) Advance(d time.Duration) { c.off.Add(int64(d)) }
 // cap is the loopback capability as a header.
 type FacesPlane struct {
 	*TestPlane
-	Ip    *idptest.IdP
+	Ip    *testkit.IdP
 	Clock *FakeClock
 	Cap   []string
 }
@@ -246,7 +246,7 @@ type FacesPlane struct {
 // StartFaces starts a faces plane with a fresh IdP and clock, changed by mutate (may be nil).
 func StartFaces(t testing.TB, mutate func(*service.Config)) *FacesPlane {
 	t.Helper()
-	ip := idptest.New(t)
+	ip := testkit.NewIdP(t)
 	clock := &FakeClock{}
 	var dir string
 	p := StartFacesPlane(t, ip, func(c *service.Config) {

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 
 	"github.com/cotal-ai/authplane/internal/capability/signers"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
@@ -83,7 +83,7 @@ func FillSigners(t testing.TB, p *TestPlane, owner string, n int) {
 	for i := range n {
 		iid := fmt.Sprintf("fill%028d", i)
 		live[iid] = now
-		g, err := json.Marshal(gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: owner + "." + subjects.ServeActor(iid), Nonce: "fill"})
+		g, err := json.Marshal(issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1, Principal: owner + "." + subjects.ServeActor(iid), Nonce: "fill"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -365,7 +365,7 @@ func IdentityKeys(t testing.TB, m *ManagerKeys) []string {
 func SystemConn(t testing.TB, p *TestPlane) *nats.Conn {
 	t.Helper()
 	keys := p.Keys()
-	iss, err := mint.NewIssuer(keys.System.Public(), keys.System.Signer, time.Now)
+	iss, err := issue.NewIssuer(keys.System.Public(), keys.System.Signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +375,7 @@ func SystemConn(t testing.TB, p *TestPlane) *nats.Conn {
 	}
 	pub, _ := kp.PublicKey()
 	seed, _ := kp.Seed()
-	token, err := iss.Sign(mint.User{Name: "test.system", Key: pub, Expires: time.Now().Add(time.Hour),
+	token, err := iss.Sign(issue.User{Name: "test.system", Key: pub, Expires: time.Now().Add(time.Hour),
 		Permissions: subjects.SystemPermissions(keys.Data.Public(), keys.Plane.Public())})
 	if err != nil {
 		t.Fatal(err)
@@ -393,7 +393,7 @@ func SystemConn(t testing.TB, p *TestPlane) *nats.Conn {
 // test ends.
 func ConnectSendingName(t testing.TB, p *TestPlane, kp nkeys.KeyPair, jwtName, sent string) *nats.Conn {
 	t.Helper()
-	iss, err := mint.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
+	iss, err := issue.NewIssuer(p.Keys().Data.Public(), p.Keys().Data.Signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

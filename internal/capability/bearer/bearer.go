@@ -1,7 +1,8 @@
 // Package bearer is the plane's bearer issuer (docs/PROTOCOL.md, "The HTTP face"): Ed25519 keys (kid = the RFC 7638
 // thumbprint) kept in one row of the keys bucket that every replica shares, the EdDSA bearers
 // /exchange hands out and the auth callout accepts, the public key set /jwks serves, and key
-// rotation with its retire floor.
+// rotation with its retire floor; and the verifier of the identity provider's tokens the
+// exchange takes (idp.go).
 package bearer
 
 import (
@@ -23,7 +24,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -112,7 +113,7 @@ const maxKeySetRow = 256 << 10
 
 func parseSet(data []byte) (keySet, error) {
 	var s keySet
-	if err := body.DecodeRow(data, &s, maxKeySetRow); err != nil {
+	if err := fault.DecodeRow(data, &s, maxKeySetRow); err != nil {
 		return keySet{}, err
 	}
 	if s.V != 1 || !slices.ContainsFunc(s.Keys, func(k stored) bool { return k.KID == s.Active && k.Stopped == 0 }) {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -33,7 +33,7 @@ func ctx(t *testing.T) context.Context {
 func newKeys(t *testing.T) (*Keys, *clock) {
 	t.Helper()
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
-	return ensured(t, storetest.New(), c.now), c
+	return ensured(t, testkit.NewKV(), c.now), c
 }
 
 // ensured is the key set in kv on clock now, given a fresh first key.
@@ -179,7 +179,7 @@ func TestATamperedOrForeignBearerIsRefused(t *testing.T) {
 
 // countingKV counts the reads of the key set's row.
 type countingKV struct {
-	*storetest.KV
+	*testkit.KV
 	gets atomic.Int64
 }
 
@@ -191,7 +191,7 @@ func (c *countingKV) Get(ctx context.Context, key string) (store.Entry, error) {
 // Validate reads the key set for every bearer, but decodes its keys only when the set's bytes
 // changed: the auth callout validates a bearer on every connection.
 func TestValidateReadsTheKeySetEachTimeAndDecodesItOnce(t *testing.T) {
-	kv := &countingKV{KV: storetest.New()}
+	kv := &countingKV{KV: testkit.NewKV()}
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	k := ensured(t, kv, c.now)
 	token, _, err := k.Issue(ctx(t), "default", caller(), MaxTTL)
@@ -227,7 +227,7 @@ func TestValidateReadsTheKeySetEachTimeAndDecodesItOnce(t *testing.T) {
 // A key retired by another process validates nothing from the moment the retirement is
 // stored, though this process validated a bearer of it a moment before.
 func TestARetiredKeyValidatesNothingAtOnceElsewhere(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	here, there := ensured(t, kv, c.now), New(kv, c.now)
 	token, _, err := here.Issue(ctx(t), "default", caller(), MaxTTL)
@@ -256,7 +256,7 @@ func TestARetiredKeyValidatesNothingAtOnceElsewhere(t *testing.T) {
 // A bearer signed by a key another replica rotated in a moment ago validates at once: the set
 // is read for every bearer. One no set publishes is refused.
 func TestABearerOfAKeyRotatedInElsewhereValidatesAtOnce(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	here, there := ensured(t, kv, c.now), New(kv, c.now)
 	old, _, err := here.Issue(ctx(t), "default", caller(), MaxTTL)

@@ -14,8 +14,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/fault/faulttest"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -24,7 +23,7 @@ import (
 func fuzzKeys(tb testing.TB, seed byte) (*Keys, ed25519.PrivateKey, *clock) {
 	tb.Helper()
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
-	k := New(storetest.New(), c.now)
+	k := New(testkit.NewKV(), c.now)
 	priv := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{seed}, ed25519.SeedSize))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -121,7 +120,7 @@ func checkVerdict(t *testing.T, k *Keys, now time.Time, token string, c Claims, 
 		if !errors.Is(err, ErrRefused) {
 			t.Fatalf("got %v, want a refusal of the bearer (ErrRefused)", err)
 		}
-		faulttest.Bounded(t, err.Error(), []byte(token))
+		testkit.Bounded(t, err.Error(), []byte(token))
 		return
 	}
 	if cerr := check(c); cerr != nil || !subjects.ValidUserOwner(c.Owner) {

@@ -10,8 +10,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
-	"github.com/cotal-ai/authplane/internal/platform/idp"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -136,7 +135,7 @@ func (r refused) Is(target error) bool { return target == ErrRefused }
 // present and consistent (within Skew; a life of at most MaxTTL), version 1, its subject its owner. An
 // error that judges the bearer has ErrRefused in its chain; any other is the store's.
 func (k *Keys) Validate(ctx context.Context, space, token string) (Claims, error) {
-	kid, err := idp.CheckHeader(token)
+	kid, err := CheckHeader(token)
 	if err != nil {
 		return Claims{}, refused{err}
 	}
@@ -181,7 +180,7 @@ func (k *Keys) judge(pub ed25519.PublicKey, space, token string) (Claims, error)
 		return Claims{}, errors.New("the bearer's signature does not verify")
 	}
 	var w wire
-	if err := body.Decode(payload, &w); err != nil {
+	if err := fault.Decode(payload, &w); err != nil {
 		return Claims{}, errors.New("the bearer's claims are not a bearer's")
 	}
 	now := k.now()

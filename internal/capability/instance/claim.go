@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -57,7 +57,7 @@ func identityFence(kv fence.KV, space, name string) *fence.Fence[record] {
 func recordFence(kv fence.KV, key, space, name string) *fence.Fence[record] {
 	return fence.New(kv, key, func(data []byte) (record, error) {
 		var r record
-		if err := body.DecodeRow(data, &r, maxRecord); err != nil {
+		if err := fault.DecodeRow(data, &r, maxRecord); err != nil {
 			return record{}, err
 		}
 		if r.Ver != 1 || r.Space != space || r.Name != name || !subjects.ValidUID(r.InstanceID) {

@@ -8,12 +8,12 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
 func TestClaimCreatesOnceAndEveryLaterOrConcurrentClaimAdoptsTheRecord(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	const n = 16
 	got := make([]Identity, n)
 	errs := make([]error, n)
@@ -58,8 +58,8 @@ func TestClaimCreatesOnceAndEveryLaterOrConcurrentClaimAdoptsTheRecord(t *testin
 }
 
 func TestClaimSettlesAWriteOfUnknownOutcome(t *testing.T) {
-	kv := storetest.New()
-	kv.Fault = storetest.FailOnce(true)
+	kv := testkit.NewKV()
+	kv.Fault = testkit.FailOnce(true)
 	id, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1")
 	if err != nil || kv.Revision() != 1 {
 		t.Fatalf("got %+v %v after %d writes, want the record that landed", id, err, kv.Revision())
@@ -74,28 +74,28 @@ func TestClaimRefusesARecordItCannotReadOrParseSayingWhich(t *testing.T) {
 	key := subjects.IdentityKey("plane1")
 	tests := []struct {
 		name    string
-		fault   func(*storetest.KV)
+		fault   func(*testkit.KV)
 		want    error
 		mention string
 	}{
-		{"not JSON", func(kv *storetest.KV) { kv.Put(key, []byte("garbage")) }, ErrMalformed, "malformed"},
-		{"another space's record", func(kv *storetest.KV) {
+		{"not JSON", func(kv *testkit.KV) { kv.Put(key, []byte("garbage")) }, ErrMalformed, "malformed"},
+		{"another space's record", func(kv *testkit.KV) {
 			kv.Put(key, []byte(`{"ver":1,"space":"other","name":"plane1","instanceId":"abcdefghijklmnopqrstuvwxyz"}`))
 		}, ErrMalformed, "malformed"},
-		{"another name's record", func(kv *storetest.KV) {
+		{"another name's record", func(kv *testkit.KV) {
 			kv.Put(key, []byte(`{"ver":1,"space":"default","name":"plane2","instanceId":"abcdefghijklmnopqrstuvwxyz"}`))
 		}, ErrMalformed, "malformed"},
-		{"a bad instance id", func(kv *storetest.KV) {
+		{"a bad instance id", func(kv *testkit.KV) {
 			kv.Put(key, []byte(`{"ver":1,"space":"default","name":"plane1","instanceId":"NOT-AN-ID"}`))
 		}, ErrMalformed, "malformed"},
-		{"a seed beside the id", func(kv *storetest.KV) {
+		{"a seed beside the id", func(kv *testkit.KV) {
 			kv.Put(key, []byte(`{"ver":1,"space":"default","name":"plane1","instanceId":"abcdefghijklmnopqrstuvwxyz","seed":"SU…"}`))
 		}, ErrMalformed, "malformed"},
-		{"a delete marker", func(kv *storetest.KV) { kv.Delete(key) }, ErrUnreadable, "unreadable"},
+		{"a delete marker", func(kv *testkit.KV) { kv.Delete(key) }, ErrUnreadable, "unreadable"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			kv := storetest.New()
+			kv := testkit.NewKV()
 			tt.fault(kv)
 			before := kv.Revision()
 			_, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1")
@@ -117,7 +117,7 @@ func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 	file := identityFile(t, dir)
 
 	t.Run("the store has no record: migrate first", func(t *testing.T) {
-		kv := storetest.New()
+		kv := testkit.NewKV()
 		_, err := Claim(ctx(t), kv, dir, "default", "plane1")
 		if !errors.Is(err, ErrDisagree) || !strings.Contains(err.Error(), "authplane identity migrate") {
 			t.Fatalf("got %v, want ErrDisagree pointing at 'authplane identity migrate'", err)
@@ -127,7 +127,7 @@ func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 		}
 	})
 	t.Run("the store holds another instance", func(t *testing.T) {
-		kv := storetest.New()
+		kv := testkit.NewKV()
 		stored, err := Claim(ctx(t), kv, t.TempDir(), "default", "plane1")
 		if err != nil {
 			t.Fatal(err)
@@ -138,7 +138,7 @@ func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 		}
 	})
 	t.Run("the store holds the same instance", func(t *testing.T) {
-		kv := storetest.New()
+		kv := testkit.NewKV()
 		if _, err := Migrate(ctx(t), kv, copyDir(t, dir), "default", "plane1"); err != nil {
 			t.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func TestClaimRefusesAFileIdentityTheStoreDoesNotHold(t *testing.T) {
 }
 
 func TestMigrateMovesTheFileIntoTheStoreThenRemovesIt(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	dir := t.TempDir()
 	file := identityFile(t, dir)
 	// A migration whose removal did not happen is completed by a repeat.

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -87,7 +87,7 @@ func FuzzClaimedIdentity(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		kv := storetest.New()
+		kv := testkit.NewKV()
 		kv.Put(subjects.IdentityKey("plane1"), data)
 		id, err := Claim(t.Context(), kv, t.TempDir(), "default", "plane1")
 		switch {

@@ -19,11 +19,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/platform/files"
+	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -39,11 +39,11 @@ const ownLockWait = 2 * time.Second
 // Acquire takes the lock on dir (creating dir if needed) and records this process's pid in it.
 // If another process holds it, the error names that process's pid.
 func Acquire(dir string) (*Lock, error) {
-	if err := files.EnsureDir(dir); err != nil {
+	if err := space.EnsureDir(dir); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	path := filepath.Join(dir, "lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, files.Private)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, space.Private)
 	if err != nil {
 		return nil, fmt.Errorf("state dir %s cannot hold its lock: %w", dir, err)
 	}
@@ -137,10 +137,10 @@ func SaveIdentity(dir string, id Identity) error {
 	if err != nil {
 		return err
 	}
-	if err := files.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), files.Private); err != nil {
+	if err := space.WriteAtomic(filepath.Join(dir, IdentityFile), append(data, '\n'), space.Private); err != nil {
 		return err
 	}
-	return files.SyncDir(dir)
+	return space.SyncDir(dir)
 }
 
 // readIdentity reads the identity file in dir; a directory without one is os.ErrNotExist. A
@@ -152,7 +152,7 @@ func readIdentity(dir, space string) (Identity, error) {
 		return Identity{}, fmt.Errorf("read identity: %w", err)
 	}
 	var id Identity
-	if err := body.Decode(raw, &id); err != nil || id.Ver != 1 || !subjects.ValidUID(id.InstanceID) {
+	if err := fault.Decode(raw, &id); err != nil || id.Ver != 1 || !subjects.ValidUID(id.InstanceID) {
 		return Identity{}, fmt.Errorf("%s is not a version 1 instance identity", path)
 	}
 	if id.Space != space {
@@ -168,16 +168,16 @@ func planePrincipal(iid string) string { return "plane.auth_" + iid }
 // first registration, one more on every later one. It returns the registered gate. When
 // registered says this identity registered before, an absent gate was lost with the bucket
 // that held it: store.ErrLost, and nothing is written.
-func Register(ctx context.Context, kv fence.KV, iid string, registered bool) (*gate.Gate, error) {
-	g, err := gate.Of(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
+func Register(ctx context.Context, kv fence.KV, iid string, registered bool) (*issue.Gate, error) {
+	g, err := issue.GateOf(kv, subjects.GateEndpointAuth, iid).Update(ctx, func(cur *issue.Gate) (issue.GateRow, error) {
 		switch {
 		case cur.Absent() && registered:
-			return gate.Row{}, fmt.Errorf("%w: the plane's gate %s in %s is absent, although instance %s registered there before "+
+			return issue.GateRow{}, fmt.Errorf("%w: the plane's gate %s in %s is absent, although instance %s registered there before "+
 				"(the bucket was emptied or re-created); restore it, or start over with --recreate-stores", store.ErrLost, cur.Key(), where(kv), iid)
 		case cur.Absent():
-			return gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: planePrincipal(iid)}, nil
-		case cur.Row.State != gate.Open:
-			return gate.Row{}, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", cur.Key(), cur.Row.State)
+			return issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1, Principal: planePrincipal(iid)}, nil
+		case cur.Row.State != issue.GateOpen:
+			return issue.GateRow{}, fmt.Errorf("the plane's gate %s is %s; this identity can no longer serve", cur.Key(), cur.Row.State)
 		}
 		row := cur.Row
 		row.ProcessEpoch++
@@ -203,7 +203,7 @@ type Watcher interface {
 // rewatch (the connection came back: the watch's consumer may be gone with the broker) starts
 // the watch again, from the gate as it is then, retrying until the store answers: an epoch that
 // moved meanwhile fences at once.
-func Watch(ctx context.Context, kv Watcher, g *gate.Gate, rewatch <-chan struct{}) error {
+func Watch(ctx context.Context, kv Watcher, g *issue.Gate, rewatch <-chan struct{}) error {
 	err := watch(ctx, kv, g, rewatch)
 	for attempt := 0; errors.Is(err, errRewatch); attempt++ {
 		if err = watch(ctx, kv, g, rewatch); errors.Is(err, errNoWatch) {
@@ -224,7 +224,7 @@ var (
 )
 
 // watch is one watch of g's key, until it fences, ctx ends, or rewatch asks for another.
-func watch(ctx context.Context, kv Watcher, g *gate.Gate, rewatch <-chan struct{}) (err error) {
+func watch(ctx context.Context, kv Watcher, g *issue.Gate, rewatch <-chan struct{}) (err error) {
 	key := g.Key()
 	w, err := kv.Watch(ctx, key)
 	if err != nil {
@@ -253,11 +253,11 @@ func watch(ctx context.Context, kv Watcher, g *gate.Gate, rewatch <-chan struct{
 			case e.Operation() != jetstream.KeyValuePut:
 				return fmt.Errorf("%w: gate %s was deleted", ErrFenced, key)
 			}
-			row, err := gate.Parse(e.Value())
+			row, err := issue.ParseGate(e.Value())
 			if err != nil {
 				return fmt.Errorf("%w: gate %s is malformed", ErrFenced, key)
 			}
-			if row.ProcessEpoch != g.Row.ProcessEpoch || row.State != gate.Open || row.Nonce != g.Row.Nonce {
+			if row.ProcessEpoch != g.Row.ProcessEpoch || row.State != issue.GateOpen || row.Nonce != g.Row.Nonce {
 				return fmt.Errorf("%w: gate %s is now %s at epoch %d (this process registered epoch %d)",
 					ErrFenced, key, row.State, row.ProcessEpoch, g.Row.ProcessEpoch)
 			}
@@ -286,7 +286,7 @@ func WriteServiceInfo(dir string, info ServiceInfo) error {
 	if err != nil {
 		return err
 	}
-	return files.WriteAtomic(filepath.Join(dir, ServiceInfoFile), append(data, '\n'), files.Private)
+	return space.WriteAtomic(filepath.Join(dir, ServiceInfoFile), append(data, '\n'), space.Private)
 }
 
 // ReadServiceInfo reads the service info in dir; a plane that is not running has none

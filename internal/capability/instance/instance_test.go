@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -23,20 +23,20 @@ func ctx(t *testing.T) context.Context {
 }
 
 func TestRegisterStartsAtEpochZeroAndAdvancesOnEveryRestart(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
+	kv, iid := testkit.NewKV(), subjects.NewUID()
 	for want := uint64(0); want < 3; want++ {
 		g, err := Register(ctx(t), kv, iid, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g.Row.ProcessEpoch != want || g.Row.State != gate.Open || g.Row.Principal != planePrincipal(iid) {
+		if g.Row.ProcessEpoch != want || g.Row.State != issue.GateOpen || g.Row.Principal != planePrincipal(iid) {
 			t.Fatalf("registration %d: got %+v, want open at epoch %d", want, g.Row, want)
 		}
 	}
 }
 
 func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
+	kv, iid := testkit.NewKV(), subjects.NewUID()
 	if _, err := Register(ctx(t), kv, iid, true); !errors.Is(err, store.ErrLost) || !strings.Contains(err.Error(), "epgate.auth."+iid) {
 		t.Fatalf("an identity that registered before, its gate absent: got %v, want store.ErrLost naming the gate", err)
 	}
@@ -53,14 +53,14 @@ func TestRegisterRefusesAGateThatWasLostAndWritesNothing(t *testing.T) {
 }
 
 func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
-	kv.Fault = storetest.FailOnce(true)
+	kv, iid := testkit.NewKV(), subjects.NewUID()
+	kv.Fault = testkit.FailOnce(true)
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil || g.Row.ProcessEpoch != 0 || kv.Revision() != 1 {
 		t.Fatalf("got %+v %v after %d writes, want one registration at epoch 0", g, err, kv.Revision())
 	}
 	retired := g.Row
-	retired.State, retired.Op = gate.Retired, &gate.Op{OpID: "x", Kind: gate.OpRetirement}
+	retired.State, retired.Op = issue.GateRetired, &issue.GateOp{OpID: "x", Kind: issue.OpRetirement}
 	if _, err := g.Write(ctx(t), retired); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestRegisterSettlesAnUnknownOutcomeAndRefusesAClosedGate(t *testing.T) {
 }
 
 func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
+	kv, iid := testkit.NewKV(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 }
 
 func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
+	kv, iid := testkit.NewKV(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 		t.Fatalf("a delete: got %v, want ErrFenced", err)
 	}
 
-	kv2 := storetest.New()
+	kv2 := testkit.NewKV()
 	g2, err := Register(ctx(t), kv2, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
 }
 
 func TestAnEpochThatMovedBeforeTheWatchFencesAtOnce(t *testing.T) {
-	kv, iid := storetest.New(), subjects.NewUID()
+	kv, iid := testkit.NewKV(), subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestAnEpochThatMovedBeforeTheWatchFencesAtOnce(t *testing.T) {
 // flakyWatcher is a bucket whose first watch goes deaf (its consumer went with the broker)
 // and whose next `fail` watches cannot start, as right after the broker came back.
 type flakyWatcher struct {
-	*storetest.KV
+	*testkit.KV
 	fail    atomic.Int32
 	watches atomic.Int32
 }
@@ -167,7 +167,7 @@ func (d deafWatcher) Stop() error { return nil }
 // After a reconnection the watch starts again, retrying while the store cannot watch yet, and
 // an epoch that moved while the old watch heard nothing fences at once.
 func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
-	kv := &flakyWatcher{KV: storetest.New()}
+	kv := &flakyWatcher{KV: testkit.NewKV()}
 	kv.fail.Store(3)
 	iid := subjects.NewUID()
 	g, err := Register(ctx(t), kv, iid, false)

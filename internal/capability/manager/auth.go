@@ -5,9 +5,8 @@ import (
 	"strings"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -18,7 +17,7 @@ import (
 // it must still hold `supervise`, read now, or on a supervised gate its assignment must still
 // stand. The manager's registration must authenticate the request. A person's ledger row and
 // the gate are read at once, and decided on in that order.
-func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope, sup *Supervision) (*gate.Gate, error) {
+func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *client.Envelope, sup *Supervision) (*issue.Gate, error) {
 	iid := env.InstanceID
 	ownDuty := sup == nil && (caller.Actor == subjects.SupervisorActor(iid) || caller.Actor == subjects.ExecutorActor(iid))
 	if !ownDuty && sup == nil {
@@ -52,7 +51,7 @@ func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *clien
 		if ok, err := e.holdsSupervise(ctx, o, a); err != nil {
 			return nil, err
 		} else if !ok {
-			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", iid, ledger.Supervise)
+			return nil, fault.New(fault.PermissionDenied, "whoever prepared instance %s no longer holds scope %q; its own duties renew only while they do", iid, Supervise)
 		}
 	}
 	return g, nil
@@ -60,9 +59,9 @@ func (e *Engine) authorizeCurrent(ctx context.Context, caller Caller, env *clien
 
 // readAhead starts reading iid's gate (as registered reads it) and returns the wait for it.
 // The read ends with ctx at the latest, whether or not anyone waits for it.
-func (e *Engine) readAhead(ctx context.Context, iid string) func() (*gate.Gate, error) {
+func (e *Engine) readAhead(ctx context.Context, iid string) func() (*issue.Gate, error) {
 	type read struct {
-		g   *gate.Gate
+		g   *issue.Gate
 		err error
 	}
 	done := make(chan read, 1)
@@ -70,7 +69,7 @@ func (e *Engine) readAhead(ctx context.Context, iid string) func() (*gate.Gate, 
 		g, err := e.registered(ctx, iid)
 		done <- read{g, err}
 	}()
-	return func() (*gate.Gate, error) {
+	return func() (*issue.Gate, error) {
 		r := <-done
 		return r.g, r.err
 	}
@@ -80,12 +79,12 @@ func (e *Engine) readAhead(ctx context.Context, iid string) func() (*gate.Gate, 
 // renewal authorizer): this space's data account, the gate registered, open and owner's, the
 // process epoch current, the identities and lifecycle the registered ones, and the current
 // proof, compared in constant time. It returns the gate as read.
-func (e *Engine) authenticate(ctx context.Context, owner string, env *client.Envelope) (*gate.Gate, error) {
-	return e.authenticateOn(ctx, owner, env, func() (*gate.Gate, error) { return e.registered(ctx, env.InstanceID) })
+func (e *Engine) authenticate(ctx context.Context, owner string, env *client.Envelope) (*issue.Gate, error) {
+	return e.authenticateOn(ctx, owner, env, func() (*issue.Gate, error) { return e.registered(ctx, env.InstanceID) })
 }
 
 // authenticateOn is authenticate with the gate read by read, once the account is checked.
-func (e *Engine) authenticateOn(ctx context.Context, owner string, env *client.Envelope, read func() (*gate.Gate, error)) (*gate.Gate, error) {
+func (e *Engine) authenticateOn(ctx context.Context, owner string, env *client.Envelope, read func() (*issue.Gate, error)) (*issue.Gate, error) {
 	iid := env.InstanceID
 	if *env.AccountPublicKey != e.Account {
 		return nil, fault.New(fault.PermissionDenied, "accountPublicKey is not this space's data account")

@@ -8,10 +8,8 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -170,13 +168,13 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 	if err != nil {
 		return nil, err
 	}
-	reg := &gate.Registration{
+	reg := &issue.Registration{
 		LifecycleUID:     req.ManagerLifecycleUID,
 		IdentitiesDigest: IdentitiesDigest(*req.Identities),
 		PreparedBy:       preparedBy,
 		Trust:            trust,
 	}
-	var row gate.Row
+	var row issue.GateRow
 	var steps []issue.Step
 	var spends []issue.Spend
 	if g.Absent() {
@@ -186,7 +184,7 @@ func (e *Engine) prepare(ctx context.Context, caller Caller, req *Request, about
 		}
 		steps = append(steps, e.takeSlot(ctx, caller.Owner, req.InstanceID))
 		principal := subjects.Principal(caller.Owner, subjects.ServeActor(req.InstanceID))
-		row = gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
+		row = issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1, Principal: principal, Registration: reg}
 	} else {
 		if err := checkOwnGate(g, caller.Owner, req.InstanceID); err != nil {
 			return nil, err
@@ -273,7 +271,7 @@ func (e *Engine) renew(ctx context.Context, caller Caller, req *Request, about a
 // (all but an instance's first prepare). A supervised instance's every credential, and every
 // credential a platform supervisor asks for, is clamped to its assignment's end, and refused
 // once that has passed.
-func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row gate.Row, registered bool, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
+func (e *Engine) mint(ctx context.Context, owner string, req *Request, about audit.Request, row issue.GateRow, registered bool, steps []issue.Step, spends []issue.Spend, sup *Supervision, duties ...subjects.Duty) (*client.Material, error) {
 	iid := req.InstanceID
 	if slices.Contains(duties, subjects.DutyServe) {
 		// The serve duty receives its owner's run-starts: the owner's witness captures them
@@ -284,7 +282,7 @@ func (e *Engine) mint(ctx context.Context, owner string, req *Request, about aud
 	if err != nil {
 		return nil, err
 	}
-	plan := issue.Plan{Instance: claim.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends, Registered: registered,
+	plan := issue.Plan{Instance: issue.MustInstance(owner, iid), Request: about, Grants: grants, Ceiling: ceiling(row, iid, sup), Steps: steps, Spends: spends, Registered: registered,
 		Trust: trustOf(row)}
 	if req.Operation == OpPrepare {
 		for _, d := range subjects.StandingDuties {
@@ -345,7 +343,7 @@ func (e *Engine) grants(holder subjects.Holder, keyOf func(subjects.Duty) (strin
 // ceiling is what a supervised instance's every credential is clamped to, whatever door or
 // duty: the end of the platform supervisor assignment it was prepared under (docs/PROTOCOL.md, "supervisor-assign" to "supervisor-end"), or
 // of the one a platform supervisor asks under now (sup), whichever comes first.
-func ceiling(row gate.Row, iid string, sup *Supervision) issue.Ceiling {
+func ceiling(row issue.GateRow, iid string, sup *Supervision) issue.Ceiling {
 	until := row.SupervisedUntil
 	if sup != nil && (until == 0 || sup.Until.Unix() < until) {
 		until = sup.Until.Unix()

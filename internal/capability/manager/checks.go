@@ -5,9 +5,8 @@ import (
 	"errors"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -18,7 +17,7 @@ func (e *Engine) requireSupervise(ctx context.Context, caller Caller) error {
 		return err
 	}
 	if !ok {
-		return fault.New(fault.PermissionDenied, "caller %s needs scope %q; admin and platform-admin do not imply it", caller, ledger.Supervise)
+		return fault.New(fault.PermissionDenied, "caller %s needs scope %q; admin and platform-admin do not imply it", caller, Supervise)
 	}
 	return nil
 }
@@ -26,19 +25,19 @@ func (e *Engine) requireSupervise(ctx context.Context, caller Caller) error {
 // holdsSupervise reports whether principal owner.actor's ledger row, read now, holds
 // `supervise`; a malformed row holds nothing.
 func (e *Engine) holdsSupervise(ctx context.Context, owner, actor string) (bool, error) {
-	row, found, err := ledger.Read(ctx, e.Ledger, owner, actor)
+	row, found, err := ReadActor(ctx, e.Ledger, owner, actor)
 	switch {
-	case errors.Is(err, ledger.ErrMalformed):
+	case errors.Is(err, ErrMalformed):
 		return false, nil
 	case err != nil:
 		return false, fault.Store(err, "reading the ledger")
 	}
-	return found && row.Has(ledger.Supervise), nil
+	return found && row.Has(Supervise), nil
 }
 
 // observe reads the manager gate of iid (an absent observation when it was never written).
-func (e *Engine) observe(ctx context.Context, iid string) (*gate.Gate, error) {
-	g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+func (e *Engine) observe(ctx context.Context, iid string) (*issue.Gate, error) {
+	g, err := issue.GateOf(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
 	if err != nil {
 		return nil, fault.Store(err, "reading the gate of instance %s", iid)
 	}
@@ -46,7 +45,7 @@ func (e *Engine) observe(ctx context.Context, iid string) (*gate.Gate, error) {
 }
 
 // registered reads the manager gate of iid and refuses one that was never written.
-func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error) {
+func (e *Engine) registered(ctx context.Context, iid string) (*issue.Gate, error) {
 	g, err := e.observe(ctx, iid)
 	if err != nil {
 		return nil, err
@@ -58,7 +57,7 @@ func (e *Engine) registered(ctx context.Context, iid string) (*gate.Gate, error)
 }
 
 // checkOwner refuses a gate registered to another owner.
-func checkOwner(g *gate.Gate, owner, iid string) error {
+func checkOwner(g *issue.Gate, owner, iid string) error {
 	if want := subjects.Principal(owner, subjects.ServeActor(iid)); g.Row.Principal != want {
 		return fault.New(fault.PermissionDenied, "instance %s is registered to another owner", iid)
 	}
@@ -66,8 +65,8 @@ func checkOwner(g *gate.Gate, owner, iid string) error {
 }
 
 // checkOpen refuses a frozen or retired gate.
-func checkOpen(g *gate.Gate, iid string) error {
-	if g.Row.State != gate.Open {
+func checkOpen(g *issue.Gate, iid string) error {
+	if g.Row.State != issue.GateOpen {
 		return fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", iid, g.Row.State)
 	}
 	return nil
@@ -75,7 +74,7 @@ func checkOpen(g *gate.Gate, iid string) error {
 
 // checkOwnGate refuses another owner's gate, then one that is not open: a stranger learns
 // nothing about the state of a gate that is not theirs.
-func checkOwnGate(g *gate.Gate, owner, iid string) error {
+func checkOwnGate(g *issue.Gate, owner, iid string) error {
 	if err := checkOwner(g, owner, iid); err != nil {
 		return err
 	}
@@ -84,7 +83,7 @@ func checkOwnGate(g *gate.Gate, owner, iid string) error {
 
 // checkRegistration refuses identities or a lifecycle other than the registration's: a valid
 // proof must not mint for other nkeys.
-func checkRegistration(g *gate.Gate, req *client.Envelope) error {
+func checkRegistration(g *issue.Gate, req *client.Envelope) error {
 	reg := g.Row.Registration
 	if reg == nil {
 		return fault.New(fault.FailedPrecondition, "instance %s carries no registration; prepare it first", req.InstanceID)

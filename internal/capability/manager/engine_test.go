@@ -14,16 +14,11 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
-	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -32,8 +27,8 @@ const testOwner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 type engineEnv struct {
 	e       *Engine
-	gates   *storetest.KV
-	records *storetest.Stream
+	gates   *testkit.KV
+	records *testkit.Stream
 	ids     client.Identities
 	iid     string
 }
@@ -52,7 +47,7 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	iss, err := mint.NewIssuer(acctPub, signer, time.Now)
+	iss, err := issue.NewIssuer(acctPub, signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,17 +55,17 @@ func newEngineEnv(t *testing.T) *engineEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	actors := storetest.New()
-	row, err := json.Marshal(ledger.Row{V: 1, Owner: testOwner, Actor: "cli", Scope: []string{ledger.Supervise}})
+	actors := testkit.NewKV()
+	row, err := json.Marshal(ActorRow{V: 1, Owner: testOwner, Actor: "cli", Scope: []string{Supervise}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	actors.Put(subjects.ActorKey(testOwner, "cli"), row)
-	env := &engineEnv{gates: storetest.New(), records: storetest.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
-	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Claims: &claim.Claims{KV: env.gates}, Now: time.Now}
+	env := &engineEnv{gates: testkit.NewKV(), records: testkit.NewStream(), ids: identities(t), iid: strings.Repeat("i", 26)}
+	pipeline := &issue.Pipeline{Issuer: iss, Audit: audit.New("default", env.records, slog.New(slog.DiscardHandler), time.Now), Claims: &issue.Claims{KV: env.gates}, Now: time.Now}
 	// The fence bucket's commits group, as the plane's do.
 	env.e = &Engine{Space: "default", Account: acctPub, Gates: fence.Group(env.gates), Ledger: actors, Pipeline: pipeline,
-		Admissions: storetest.New(), Statuses: storetest.New(), Witness: witnessAll{},
+		Admissions: testkit.NewKV(), Statuses: testkit.NewKV(), Witness: witnessAll{},
 		ProofKey: key, StandingTTL: 24 * time.Hour, MaxInstancesPerOwner: 3}
 	return env
 }
@@ -238,7 +233,7 @@ func TestAGateWithADeleteMarkerSignsNothing(t *testing.T) {
 
 func TestPrepareRetriesAFirstCreateOfUnknownOutcome(t *testing.T) {
 	env := newEngineEnv(t)
-	env.gates.Fault = storetest.FailOnce(false)
+	env.gates.Fault = testkit.FailOnce(false)
 	m, err := env.serve(t, env.request(t, OpPrepare))
 	if err != nil || len(m.Credentials) != 2 || m.ProcessEpoch != 0 {
 		t.Fatalf("got %v, %v; want the prepare to land at epoch 0", m, err)
@@ -276,12 +271,12 @@ func TestAnOwnerAtItsQuotaCannotRegisterAnotherInstance(t *testing.T) {
 		t.Fatalf("re-registering an instance at the quota: %v", err)
 	}
 	// A retired instance frees its slot.
-	g, err := gate.Of(env.gates, subjects.GateEndpointManager, iids[1]).Observe(ctx(t))
+	g, err := issue.GateOf(env.gates, subjects.GateEndpointManager, iids[1]).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	retired := g.Row
-	retired.State, retired.Op = gate.Retired, &gate.Op{OpID: "end", Kind: gate.OpRetirement}
+	retired.State, retired.Op = issue.GateRetired, &issue.GateOp{OpID: "end", Kind: issue.OpRetirement}
 	if _, err := g.Write(ctx(t), retired); err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +313,7 @@ func TestTheQuotaHoldsInTheCommitWhenTwoRegistrationsRace(t *testing.T) {
 	if fault.CodeOf(err) != fault.ResourceExhausted {
 		t.Fatalf("the paused registration: got %v, want resource-exhausted at its commit", err)
 	}
-	if g, err := gate.Of(env.gates, subjects.GateEndpointManager, firstIID).Observe(ctx(t)); err != nil || !g.Absent() {
+	if g, err := issue.GateOf(env.gates, subjects.GateEndpointManager, firstIID).Observe(ctx(t)); err != nil || !g.Absent() {
 		t.Fatalf("the refused instance's gate: got %+v, %v; want none", g, err)
 	}
 }
@@ -343,11 +338,11 @@ func TestAnOwnersInstancesRowAtTheFlagsMaximumFitsAndHoldsTheQuota(t *testing.T)
 		if i < MaxPending {
 			row.Pending = append(row.Pending, pending{InstanceID: iid, Token: subjects.NewNonce(), Until: lapsed})
 		}
-		g, err := gate.Of(env.gates, subjects.GateEndpointManager, iid).Observe(ctx(t))
+		g, err := issue.GateOf(env.gates, subjects.GateEndpointManager, iid).Observe(ctx(t))
 		if err != nil {
 			t.Fatal(err)
 		}
-		open := gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(testOwner, subjects.ServeActor(iid))}
+		open := issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1, Principal: subjects.Principal(testOwner, subjects.ServeActor(iid))}
 		if _, err := g.Write(ctx(t), open); err != nil {
 			t.Fatal(err)
 		}

@@ -9,17 +9,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/fault/faulttest"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -86,14 +83,8 @@ func hostileSeeds(good string) []string {
 // its parse is refused at its authorization (no ledger row, no admission), before anything is
 // signed.
 func fuzzEngine() *Engine {
-	return &Engine{Space: "default", Gates: storetest.New(), Ledger: storetest.New(), Admissions: storetest.New(),
-		Statuses: storetest.New(), Witness: witnessAll{}, MaxInstancesPerOwner: 3}
-}
-
-func fuzzCtx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	t.Cleanup(cancel)
-	return c
+	return &Engine{Space: "default", Gates: testkit.NewKV(), Ledger: testkit.NewKV(), Admissions: testkit.NewKV(),
+		Statuses: testkit.NewKV(), Witness: witnessAll{}, MaxInstancesPerOwner: 3}
 }
 
 // checkAbout checks what a request's records say of it: only what passed its grammar.
@@ -161,20 +152,20 @@ func FuzzServiceAuthority(f *testing.F) {
 	e := fuzzEngine()
 	caller := Caller{Owner: testOwner, Actor: "cli"}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		reply, about, err := e.ServiceAuthority(fuzzCtx(t), caller, audit.Request{}, data)
+		reply, about, err := e.ServiceAuthority(ctx(t), caller, audit.Request{}, data)
 		checkAbout(t, about)
 		if err == nil {
 			t.Fatalf("an engine with no ledger row served %T", reply)
 		}
 		req, perr := Parse(data)
 		if perr != nil {
-			r := faulttest.Refused(t, perr, data, fault.BadRequest, fault.Unimplemented)
+			r := testkit.Refused(t, perr, data, fault.BadRequest, fault.Unimplemented)
 			if got := fault.As(err); got.Code != r.Code || got.Message != r.Message {
 				t.Fatalf("the door refused %v, Parse %v", err, perr)
 			}
 			if r.Code == fault.Unimplemented {
 				var back Request
-				if body.Decode(data, &back) != nil || back.Session == nil && back.Retirement == nil && back.ContractArtifacts == nil &&
+				if fault.Decode(data, &back) != nil || back.Session == nil && back.Retirement == nil && back.ContractArtifacts == nil &&
 					back.TransferReader == nil && !slices.Contains([]string{"session", "retire", "transferReader"}, back.Operation) {
 					t.Fatalf("unimplemented for a body that names none of the original's operations or keys: %q", short(data))
 				}
@@ -183,7 +174,7 @@ func FuzzServiceAuthority(f *testing.F) {
 		}
 		// Past the parse, the caller's actor and space, then its scope: this engine has no
 		// ledger row.
-		faulttest.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied)
+		testkit.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied)
 		checkEnvelope(t, &req.Envelope, Kind, req.Operation != OpPrepare && req.Operation != OpActivate)
 		first := req.Operation == OpPrepare || req.Operation == OpActivate
 		switch {
@@ -266,12 +257,12 @@ func FuzzRunRequests(f *testing.F) {
 	caller := Caller{Owner: testOwner, Actor: "cli"}
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		rk := runKinds[int(which)%len(runKinds)]
-		about, err := rk.serve(e, fuzzCtx(t), caller, data)
+		about, err := rk.serve(e, ctx(t), caller, data)
 		checkAbout(t, about)
-		r := faulttest.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied)
+		r := testkit.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied)
 		if rk.parse == nil { // status: its own body
 			var s client.RunStatus
-			if r.Code == fault.PermissionDenied && (body.Decode(data, &s) != nil || s.V != 1 || s.Kind != client.KindRunStatus ||
+			if r.Code == fault.PermissionDenied && (fault.Decode(data, &s) != nil || s.V != 1 || s.Kind != client.KindRunStatus ||
 				!subjects.ValidRunID(s.RunID) || !validState(s.State) || !holderRe.MatchString(s.Holder) || s.Epoch < 1 || s.FencingToken < 1) {
 				t.Fatalf("permission-denied for a status off its grammar: %q", short(data))
 			}
@@ -279,7 +270,7 @@ func FuzzRunRequests(f *testing.F) {
 		}
 		req := rk.parse()
 		if _, err := e.parseRun(caller, audit.Request{}, data, rk.kind, req); err != nil {
-			if p := faulttest.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied); p.Code != r.Code || p.Message != r.Message {
+			if p := testkit.Refused(t, err, data, fault.BadRequest, fault.PermissionDenied); p.Code != r.Code || p.Message != r.Message {
 				t.Fatalf("the door refused %v, its parse %v", r, p)
 			}
 			if p := fault.As(err); p.Code == fault.PermissionDenied && req.envelope().Space == e.Space {
@@ -312,7 +303,7 @@ var storedRows = []struct {
 	// check checks what the decoder promises of a row it accepts.
 	check func(row any) bool
 }{
-	{"run fence", func(e *Engine, data []byte) { e.Gates.(*storetest.KV).Put(subjects.RunFenceKey(fuzzRunID), data) },
+	{"run fence", func(e *Engine, data []byte) { e.Gates.(*testkit.KV).Put(subjects.RunFenceKey(fuzzRunID), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			o, err := e.observeRunFence(ctx, fuzzRunID)
 			if err != nil {
@@ -321,7 +312,7 @@ var storedRows = []struct {
 			return o.Row, nil
 		},
 		func(row any) bool { f := row.(runFence); return f.V == 1 && f.RunID == fuzzRunID && f.Nonce != "" }},
-	{"run status", func(e *Engine, data []byte) { e.Statuses.(*storetest.KV).Put(subjects.RunStatusKey(fuzzRunID), data) },
+	{"run status", func(e *Engine, data []byte) { e.Statuses.(*testkit.KV).Put(subjects.RunStatusKey(fuzzRunID), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			o, err := e.readStatus(ctx, fuzzRunID)
 			if err != nil {
@@ -330,7 +321,7 @@ var storedRows = []struct {
 			return o.Row, nil
 		},
 		func(row any) bool { s := row.(status); return s.V == 1 && validState(s.State) }},
-	{"admission", func(e *Engine, data []byte) { e.Admissions.(*storetest.KV).Put(subjects.AdmissionKey(fuzzRunID), data) },
+	{"admission", func(e *Engine, data []byte) { e.Admissions.(*testkit.KV).Put(subjects.AdmissionKey(fuzzRunID), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			a, _, err := e.readAdmission(ctx, fuzzRunID)
 			switch {
@@ -342,7 +333,7 @@ var storedRows = []struct {
 			return *a, err
 		},
 		func(row any) bool { a := row.(admission); return a.Version == 1 && a.RunID == fuzzRunID }},
-	{"instances", func(e *Engine, data []byte) { e.Gates.(*storetest.KV).Put(subjects.InstancesKey(testOwner), data) },
+	{"instances", func(e *Engine, data []byte) { e.Gates.(*testkit.KV).Put(subjects.InstancesKey(testOwner), data) },
 		func(ctx context.Context, e *Engine) (any, error) {
 			o, err := instancesOf(e.Gates, testOwner).Observe(ctx)
 			if err != nil {
@@ -385,7 +376,7 @@ func FuzzStoredRows(f *testing.F) {
 		r := storedRows[int(which)%len(storedRows)]
 		e := fuzzEngine()
 		r.put(e, data)
-		row, err := r.read(fuzzCtx(t), e)
+		row, err := r.read(ctx(t), e)
 		if err != nil {
 			if row != nil {
 				t.Fatalf("%s: a malformed row came back as %+v with %v", r.name, row, err)
@@ -404,7 +395,7 @@ func FuzzStoredRows(f *testing.F) {
 		written := marshalSeed(t, row)
 		again := fuzzEngine()
 		r.put(again, written)
-		back, err := r.read(fuzzCtx(t), again)
+		back, err := r.read(ctx(t), again)
 		if err != nil {
 			t.Fatalf("%s: the row %q, written back as %s, does not parse: %v", r.name, short(data), written, err)
 		}

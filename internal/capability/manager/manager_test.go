@@ -9,7 +9,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 )
 
 func userKey(t testing.TB) string { return newKey(t, nkeys.CreateUser) }
@@ -51,7 +51,7 @@ func TestIdentitiesDigestDependsOnWhichKeyHoldsWhichDuty(t *testing.T) {
 
 func TestProofsBindEveryFieldAndTheirLabel(t *testing.T) {
 	key := []byte(strings.Repeat("k", 32))
-	row := gate.Row{ProcessEpoch: 3, RegistrationRevision: 4, Registration: &gate.Registration{LifecycleUID: "l", IdentitiesDigest: "d"}}
+	row := issue.GateRow{ProcessEpoch: 3, RegistrationRevision: 4, Registration: &issue.Registration{LifecycleUID: "l", IdentitiesDigest: "d"}}
 	base := proof(key, labelCurrent, "s", "o", "i", row)
 	variants := map[string]string{
 		"label":    proof(key, labelRegistration, "s", "o", "i", row),
@@ -62,12 +62,12 @@ func TestProofsBindEveryFieldAndTheirLabel(t *testing.T) {
 	}
 	for _, mutate := range []struct {
 		name string
-		f    func(r *gate.Row)
+		f    func(r *issue.GateRow)
 	}{
-		{"epoch", func(r *gate.Row) { r.ProcessEpoch++ }},
-		{"revision", func(r *gate.Row) { r.RegistrationRevision++ }},
-		{"lifecycle", func(r *gate.Row) { r.Registration = &gate.Registration{LifecycleUID: "m", IdentitiesDigest: "d"} }},
-		{"identities", func(r *gate.Row) { r.Registration = &gate.Registration{LifecycleUID: "l", IdentitiesDigest: "e"} }},
+		{"epoch", func(r *issue.GateRow) { r.ProcessEpoch++ }},
+		{"revision", func(r *issue.GateRow) { r.RegistrationRevision++ }},
+		{"lifecycle", func(r *issue.GateRow) { r.Registration = &issue.Registration{LifecycleUID: "m", IdentitiesDigest: "d"} }},
+		{"identities", func(r *issue.GateRow) { r.Registration = &issue.Registration{LifecycleUID: "l", IdentitiesDigest: "e"} }},
 	} {
 		r := row
 		mutate.f(&r)
@@ -83,7 +83,7 @@ func TestProofsBindEveryFieldAndTheirLabel(t *testing.T) {
 	}
 	// The preparer is not bound: the instance's own duties renew with the same proof.
 	r := row
-	r.Registration = &gate.Registration{LifecycleUID: "l", IdentitiesDigest: "d", PreparedBy: "someone.else"}
+	r.Registration = &issue.Registration{LifecycleUID: "l", IdentitiesDigest: "d", PreparedBy: "someone.else"}
 	if !proofEqual(base, proof(key, labelCurrent, "s", "o", "i", r)) {
 		t.Fatal("the proof names a caller; the instance's own duties could not renew")
 	}

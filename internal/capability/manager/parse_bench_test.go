@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 )
 
 // BenchmarkParseRenewal decodes a renew body as the plane does on every renewal: its kind first
-// (handlers.ManagerAuthority, body.Peek), then the closed parse and every grammar (Parse):
+// (handlers.ManagerAuthority, fault.Peek), then the closed parse and every grammar (Parse):
 //
 //	go test -run '^$' -bench ParseRenewal ./internal/capability/manager
 func BenchmarkParseRenewal(b *testing.B) {
@@ -27,7 +27,7 @@ func BenchmarkParseRenewal(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if kind, err := body.Peek(data, "kind"); err != nil || kind != Kind {
+		if kind, err := fault.Peek(data, "kind"); err != nil || kind != Kind {
 			b.Fatalf("Peek: %q, %v", kind, err)
 		}
 		if _, err := Parse(data); err != nil {

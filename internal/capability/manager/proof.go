@@ -15,7 +15,7 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -80,7 +80,7 @@ func (e *Engine) trust(ctx context.Context) (uint64, []byte, error) {
 
 // trustedKey returns the proof key that checks g's proofs: the one of the trust root now. A
 // registration made under a root an emergency rotation replaced is refused.
-func (e *Engine) trustedKey(ctx context.Context, g *gate.Gate) ([]byte, error) {
+func (e *Engine) trustedKey(ctx context.Context, g *issue.Gate) ([]byte, error) {
 	trust, key, err := e.trust(ctx)
 	if err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func (e *Engine) trustedKey(ctx context.Context, g *gate.Gate) ([]byte, error) {
 }
 
 // trustOf is the trust generation r's registration was made under.
-func trustOf(r gate.Row) uint64 {
+func trustOf(r issue.GateRow) uint64 {
 	if r.Registration == nil {
 		return 0
 	}
@@ -123,7 +123,7 @@ type proofClaims struct {
 }
 
 // proof computes the proof of label over the registration on gate row r.
-func proof(key []byte, label, space, owner, iid string, r gate.Row) string {
+func proof(key []byte, label, space, owner, iid string, r issue.GateRow) string {
 	msg, err := json.Marshal(proofClaims{
 		Space: space, Owner: owner, InstanceID: iid,
 		LifecycleUID:         r.Registration.LifecycleUID,

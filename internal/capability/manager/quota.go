@@ -8,11 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
-	"github.com/cotal-ai/authplane/internal/core/budget"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -57,7 +54,7 @@ type pending struct {
 func instancesOf(kv fence.KV, owner string) *fence.Fence[instances] {
 	return fence.New(kv, subjects.InstancesKey(owner), func(data []byte) (instances, error) {
 		var r instances
-		if err := body.DecodeRow(data, &r, maxInstancesRow); err != nil {
+		if err := fault.DecodeRow(data, &r, maxInstancesRow); err != nil {
 			return instances{}, err
 		}
 		if r.V != 1 || r.Owner != owner || r.IDs == nil || !slices.IsSorted(r.IDs) { // a nil list could not be written back
@@ -122,7 +119,7 @@ func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 					next = live
 				}
 				if len(next.Pending) >= MaxPending {
-					return instances{}, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.PendingRegistrations},
+					return instances{}, fault.Wrap(fault.ResourceExhausted, &issue.Exceeded{Budget: issue.PendingRegistrations},
 						"owner %s has %d first registrations in flight, the most it may; retry shortly", owner, len(next.Pending))
 				}
 				if !slices.Contains(next.IDs, iid) {
@@ -149,7 +146,7 @@ func (e *Engine) takeSlot(ctx context.Context, owner, iid string) issue.Step {
 				}
 				next.Pending = slices.Delete(slices.Clone(next.Pending), i, i+1)
 				if !slices.ContainsFunc(next.Pending, func(p pending) bool { return p.InstanceID == iid }) {
-					g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+					g, err := issue.GateOf(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
 					if err != nil {
 						return instances{}, err
 					}
@@ -204,7 +201,7 @@ func (e *Engine) live(ctx context.Context, r instances) (instances, error) {
 		limit <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-limit }()
-			g, err := gate.Of(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+			g, err := issue.GateOf(e.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
 			switch {
 			case errors.Is(err, fence.ErrGone):
 				keep[i] = true // a marker: no one can tell; it counts
@@ -213,7 +210,7 @@ func (e *Engine) live(ctx context.Context, r instances) (instances, error) {
 			case g.Absent():
 				keep[i] = pendingFor[iid] // its registration may yet commit
 			default:
-				keep[i] = g.Row.State != gate.Retired
+				keep[i] = g.Row.State != issue.GateRetired
 			}
 		})
 	}
@@ -239,7 +236,7 @@ func (e *Engine) live(ctx context.Context, r instances) (instances, error) {
 // of it (no store work of its own); an owner's is a stored budget the pipeline takes with the
 // registration's new keys, all or none.
 type Reregistrations struct {
-	PerOwner *budget.Stored
+	PerOwner *issue.StoredBudget
 	// InstanceHourly is the instance's budget an hour, a tenth of it at once; OwnerHourly is
 	// PerOwner's figure, for the refusal.
 	InstanceHourly, OwnerHourly int
@@ -249,16 +246,16 @@ type Reregistrations struct {
 // take takes one re-registration of owner's instance iid, whose gate holds its budget b: the
 // instance's budget left, to write in the gate, and the owner's share for the pipeline to
 // spend. Past the instance's budget it refuses, and nothing is taken.
-func (r *Reregistrations) take(b *budget.Bucket, owner, iid string) (*budget.Bucket, []issue.Spend, error) {
+func (r *Reregistrations) take(b *issue.Bucket, owner, iid string) (*issue.Bucket, []issue.Spend, error) {
 	if r == nil {
 		return b, nil, nil
 	}
 	left, ok := b.Take(r.Now(), float64(r.InstanceHourly)/3600, max(r.InstanceHourly/10, 1), 1)
 	if !ok {
-		return nil, nil, fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsInstance},
+		return nil, nil, fault.Wrap(fault.ResourceExhausted, &issue.Exceeded{Budget: issue.ReregistrationsInstance},
 			"instance %s was registered again as often as --reregistrations-per-instance allows (%d an hour); retry later", iid, r.InstanceHourly)
 	}
-	return &left, []issue.Spend{{Want: budget.Want{From: r.PerOwner, Name: owner, N: 1},
-		Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ReregistrationsOwner},
+	return &left, []issue.Spend{{Want: issue.Want{From: r.PerOwner, Name: owner, N: 1},
+		Refusal: fault.Wrap(fault.ResourceExhausted, &issue.Exceeded{Budget: issue.ReregistrationsOwner},
 			"owner %s registered its instances again as often as --reregistrations-per-owner allows (%d an hour); retry later", owner, r.OwnerHourly)}}, nil
 }

@@ -5,7 +5,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -39,7 +38,7 @@ type Request struct {
 // (unimplemented).
 func Parse(data []byte) (*Request, error) {
 	var r Request
-	if err := body.Decode(data, &r); err != nil {
+	if err := fault.Decode(data, &r); err != nil {
 		return nil, err
 	}
 	if err := r.check(); err != nil {

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/core/audit"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
@@ -68,11 +67,11 @@ func (e *Engine) revoke(ctx context.Context, caller Caller, req *client.RunRevok
 		return nil, fault.New(fault.PermissionDenied, "revoking run %s requires its admitted owner or a platform admin", runID)
 	}
 	if caller.Owner != adm.Caller.Owner {
-		row, found, err := ledger.Read(ctx, e.Ledger, caller.Owner, caller.Actor)
-		if err != nil && !errors.Is(err, ledger.ErrMalformed) {
+		row, found, err := ReadActor(ctx, e.Ledger, caller.Owner, caller.Actor)
+		if err != nil && !errors.Is(err, ErrMalformed) {
 			return nil, fault.Store(err, "reading the ledger")
 		}
-		if !found || !row.Has(ledger.Admin) {
+		if !found || !row.Has(Admin) {
 			return nil, fault.New(fault.PermissionDenied, "revoking run %s requires its admitted owner or a platform admin", runID)
 		}
 	}

@@ -5,13 +5,9 @@ import (
 	"errors"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -77,8 +73,8 @@ func (e *Engine) admit(ctx context.Context, caller Caller, req *client.RunAdmiss
 	if start.Owner != caller.Owner {
 		return nil, fault.New(fault.PermissionDenied, "run.subject was published by a caller of another owner than this manager's")
 	}
-	row, found, err := ledger.Read(ctx, e.Ledger, start.Owner, start.Actor)
-	if err != nil && !errors.Is(err, ledger.ErrMalformed) {
+	row, found, err := ReadActor(ctx, e.Ledger, start.Owner, start.Actor)
+	if err != nil && !errors.Is(err, ErrMalformed) {
 		return nil, fault.Store(err, "reading the ledger")
 	}
 	if found && row.LifecycleUID != "" && row.LifecycleUID != start.UID {
@@ -203,7 +199,7 @@ func (e *Engine) holdsRunFence(ctx context.Context, iid string, h client.RunHold
 // runMint mints a run's driver and mediator for owner's instance, committing on the gate g and
 // then the run fence rf (advanced to next, or rewritten as read), and shapes the reply.
 func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope, about audit.Request, kind, op string,
-	g *gate.Gate, rf *fence.Observed[runFence], next *runFence) (*client.RunMaterial, error) {
+	g *issue.Gate, rf *fence.Observed[runFence], next *runFence) (*client.RunMaterial, error) {
 	held := rf.Row
 	if next != nil {
 		held = *next
@@ -220,7 +216,7 @@ func (e *Engine) runMint(ctx context.Context, owner string, env *client.Envelope
 	}
 	// The run's keys are claimed for the instance in the mint's commit, by the pipeline: a key
 	// another instance holds is refused before anything is signed.
-	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: claim.MustInstance(owner, env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
+	issued, err := e.Pipeline.Issue(ctx, issue.Plan{Instance: issue.MustInstance(owner, env.InstanceID), Request: about, Grants: grants, Ceiling: ceiling(g.Row, env.InstanceID, nil),
 		Registered: true, Trust: trustOf(g.Row), Steps: []issue.Step{issue.Unchanged(g), e.runFenceStep(rf, next)}})
 	if err != nil {
 		return nil, err
@@ -247,7 +243,7 @@ type runRequest interface {
 // own keys. about comes back describing it, whatever the outcome, with only what passed its
 // grammar.
 func (e *Engine) parseRun(caller Caller, about audit.Request, data []byte, kind string, req runRequest) (audit.Request, error) {
-	err := body.Decode(data, req)
+	err := fault.Decode(data, req)
 	if err == nil {
 		about = describe(about, req.envelope())
 		about.RunID = keepIf(req.runID(), subjects.ValidRunID(req.runID()))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/issue"
@@ -82,7 +81,7 @@ func (a *admission) reply() client.Admission {
 // parseAdmission decodes and checks a stored admission of runID.
 func parseAdmission(data []byte, runID string) (*admission, error) {
 	var a admission
-	if err := body.DecodeRow(data, &a, maxRunRow); err != nil {
+	if err := fault.DecodeRow(data, &a, maxRunRow); err != nil {
 		return nil, err
 	}
 	if a.Version != 1 || a.RunID != runID {
@@ -119,7 +118,7 @@ func (f runFence) hold() client.RunHold {
 func (e *Engine) runFenceOf(runID string) *fence.Fence[runFence] {
 	return fence.New(e.Gates, subjects.RunFenceKey(runID), func(data []byte) (runFence, error) {
 		var f runFence
-		if err := body.DecodeRow(data, &f, maxRunRow); err != nil {
+		if err := fault.DecodeRow(data, &f, maxRunRow); err != nil {
 			return runFence{}, err
 		}
 		if f.V != 1 || f.RunID != runID || f.Nonce == "" {
@@ -229,7 +228,7 @@ func (e *Engine) refuseRevoked(ctx context.Context, runID string) error {
 func (e *Engine) runStatusOf(runID string) *fence.Fence[status] {
 	return fence.New(e.Statuses, subjects.RunStatusKey(runID), func(data []byte) (status, error) {
 		var s status
-		if err := body.DecodeRow(data, &s, maxRunRow); err != nil {
+		if err := fault.DecodeRow(data, &s, maxRunRow); err != nil {
 			return status{}, err
 		}
 		if s.V != 1 || !validState(s.State) {

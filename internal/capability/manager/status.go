@@ -6,7 +6,6 @@ import (
 
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/subjects"
@@ -20,7 +19,7 @@ var holderRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,256}$`)
 // the status row by CAS; a terminal state is final.
 func (e *Engine) ReportStatus(ctx context.Context, caller Caller, about audit.Request, data []byte) (*client.StatusReply, audit.Request, error) {
 	var s client.RunStatus
-	if err := body.Decode(data, &s); err != nil {
+	if err := fault.Decode(data, &s); err != nil {
 		return nil, about, err
 	}
 	about.RunID = keepIf(s.RunID, subjects.ValidRunID(s.RunID))

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 )
 
 // gens are the generations r lists.
@@ -54,7 +54,7 @@ func full(n int) *fault.Error {
 
 // Main returns the issuer of the current generation's own key: it signs the users of no
 // instance (the auth callout's). Refusals: unavailable (stores).
-func (s *Set) Main(ctx context.Context) (*mint.Issuer, error) {
+func (s *Set) Main(ctx context.Context) (*issue.Issuer, error) {
 	st, err := s.rotationState(ctx)
 	if err != nil {
 		return nil, err

@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -39,8 +39,8 @@ type Keys struct {
 
 	mu      sync.Mutex
 	roots   map[uint64]nkeys.KeyPair
-	mains   map[uint64]*mint.Issuer
-	issuers map[instanceKey]*mint.Issuer
+	mains   map[uint64]*issue.Issuer
+	issuers map[instanceKey]*issue.Issuer
 }
 
 // instanceKey names one instance's key of one generation.
@@ -60,7 +60,7 @@ func NewKeys(space, account string, root nkeys.KeyPair, now func() time.Time) (*
 		return nil, errors.New("instance signing keys: no data account signing key")
 	}
 	k := &Keys{account: account, prefix: space + "\x00" + account + "\x00", now: now,
-		roots: map[uint64]nkeys.KeyPair{}, mains: map[uint64]*mint.Issuer{}, issuers: map[instanceKey]*mint.Issuer{}}
+		roots: map[uint64]nkeys.KeyPair{}, mains: map[uint64]*issue.Issuer{}, issuers: map[instanceKey]*issue.Issuer{}}
 	if err := k.adopt(0, root); err != nil {
 		return nil, fmt.Errorf("instance signing keys: %w", err)
 	}
@@ -75,7 +75,7 @@ func (k *Keys) Stored(kv fence.KV) *Keys {
 
 // adopt keeps root as generation gen's.
 func (k *Keys) adopt(gen uint64, root nkeys.KeyPair) error {
-	main, err := mint.NewIssuer(k.account, root, k.now)
+	main, err := issue.NewIssuer(k.account, root, k.now)
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (k *Keys) Load(ctx context.Context, gen uint64) error {
 
 func parseGen(data []byte) (genRow, error) {
 	var r genRow
-	if err := body.DecodeRow(data, &r, 4<<10); err != nil {
+	if err := fault.DecodeRow(data, &r, 4<<10); err != nil {
 		return genRow{}, err
 	}
 	if r.V != 1 || !strings.HasPrefix(r.Seed, "SA") {
@@ -194,7 +194,7 @@ func (k *Keys) Root(gen uint64) (nkeys.KeyPair, error) {
 }
 
 // Main returns the issuer of generation gen's own key: what signs the users of no instance.
-func (k *Keys) Main(gen uint64) (*mint.Issuer, error) {
+func (k *Keys) Main(gen uint64) (*issue.Issuer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	iss, ok := k.mains[gen]
@@ -205,11 +205,11 @@ func (k *Keys) Main(gen uint64) (*mint.Issuer, error) {
 }
 
 // Issuer returns the issuer of instance iid's credentials of generation 0.
-func (k *Keys) Issuer(iid string) (*mint.Issuer, error) { return k.IssuerOf(0, iid) }
+func (k *Keys) Issuer(iid string) (*issue.Issuer, error) { return k.IssuerOf(0, iid) }
 
 // IssuerOf returns the issuer of instance iid's credentials of generation gen, which must be
 // known (Load): signed with the instance's own key, derived from the generation's root.
-func (k *Keys) IssuerOf(gen uint64, iid string) (*mint.Issuer, error) {
+func (k *Keys) IssuerOf(gen uint64, iid string) (*issue.Issuer, error) {
 	at := instanceKey{gen, iid}
 	k.mu.Lock()
 	iss, ok := k.issuers[at]
@@ -233,12 +233,12 @@ func (k *Keys) IssuerOf(gen uint64, iid string) (*mint.Issuer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("derive the signing key of instance %s: %w", iid, err)
 	}
-	if iss, err = mint.NewIssuer(k.account, kp, k.now); err != nil {
+	if iss, err = issue.NewIssuer(k.account, kp, k.now); err != nil {
 		return nil, fmt.Errorf("the signing key of instance %s: %w", iid, err)
 	}
 	k.mu.Lock()
 	if len(k.issuers) >= maxIssuers {
-		k.issuers = map[instanceKey]*mint.Issuer{}
+		k.issuers = map[instanceKey]*issue.Issuer{}
 	}
 	k.issuers[at] = iss
 	k.mu.Unlock()

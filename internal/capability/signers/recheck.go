@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -57,7 +57,7 @@ func (s *Set) Sweep(ctx context.Context) (int, error) {
 	for i, iid := range iids {
 		at := cur.Row.Live[iid]
 		switch states[i] {
-		case gate.Open:
+		case issue.GateOpen:
 			s.settled[iid] = true
 		case "":
 			if now.Sub(time.Unix(at, 0)) > s.Settle {
@@ -159,7 +159,7 @@ func (s *Set) gateStates(ctx context.Context, iids []string) ([]string, error) {
 		limit <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-limit }()
-			g, err := gate.Of(s.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
+			g, err := issue.GateOf(s.Gates, subjects.GateEndpointManager, iid).Observe(ctx)
 			switch {
 			case errors.Is(err, fence.ErrGone):
 				states[i] = "gone"

@@ -10,10 +10,9 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -137,7 +136,7 @@ func (r *Rotation) fence() *fence.Fence[rotRow] {
 		// what the row held when it began.
 		r.row = fence.New(fence.Share(r.Set.Gates), subjects.RotationKey(account), func(data []byte) (rotRow, error) {
 			var row rotRow
-			if err := body.DecodeRow(data, &row, 4<<10); err != nil {
+			if err := fault.DecodeRow(data, &row, 4<<10); err != nil {
 				return rotRow{}, err
 			}
 			if row.V != 1 || row.Account != account || (row.Op != nil && (steps[row.Op.Kind] == nil || !slices.Contains(steps[row.Op.Kind], row.Op.Step))) {
@@ -186,7 +185,7 @@ func (r *Rotation) Trust(ctx context.Context) (uint64, nkeys.KeyPair, error) {
 // ForCreds returns the issuer `authplane creds` signs a credential expiring at exp with: the
 // current generation's own key. The expiry is stored first (the latest one per generation), so
 // a scheduled rotation keeps the generation listed until the credential has expired.
-func (r *Rotation) ForCreds(ctx context.Context, exp time.Time) (*mint.Issuer, error) {
+func (r *Rotation) ForCreds(ctx context.Context, exp time.Time) (*issue.Issuer, error) {
 	o, err := r.fence().Update(ctx, func(cur *fence.Observed[rotRow]) (rotRow, error) {
 		row := r.orZero(cur)
 		if row.CredsUntil >= exp.Unix() {

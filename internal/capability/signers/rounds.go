@@ -10,7 +10,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/core/store"
 )
 
@@ -290,7 +290,7 @@ func (s *Set) apply(ctx context.Context, cur *fence.Observed[row], fresh []*wait
 		}
 		switch _, ok := next.Live[iid]; {
 		case ok: // another waiter of the round added it
-		case states[i] != "" && states[i] != gate.Open:
+		case states[i] != "" && states[i] != issue.GateOpen:
 			v[w] = verdict{refused: fault.New(fault.FailedPrecondition, "the gate of instance %s is %s; it issues nothing", iid, states[i])}
 		case !room(len(next.gens()), len(next.Live)+1, s.Capacity):
 			v[w] = verdict{refused: full(len(next.Live))}

@@ -32,7 +32,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
@@ -208,7 +208,7 @@ type waiter struct {
 // Refusals: expired (the registration predates an emergency rotation), failed-precondition (the
 // gate is frozen or retired), resource-exhausted (the set is at its capacity), unavailable (the
 // broker did not confirm it by the deadline; stores).
-func (s *Set) Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*mint.Issuer, error) {
+func (s *Set) Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*issue.Issuer, error) {
 	st, err := s.rotationState(ctx)
 	if err != nil {
 		return nil, err

@@ -15,12 +15,11 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/broker"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -144,11 +143,11 @@ func (w *world) set(gates fence.KV, b Broker) *Set {
 }
 
 // newSet is a set on an in-memory bucket and a resolver.
-func newSet(t *testing.T) (*Set, *resolver, *storetest.KV) {
+func newSet(t *testing.T) (*Set, *resolver, *testkit.KV) {
 	t.Helper()
 	w := newWorld(t)
 	b := &resolver{account: w.account}
-	gates := storetest.New()
+	gates := testkit.NewKV()
 	return w.set(gates, b), b, gates
 }
 
@@ -163,11 +162,11 @@ func iid() string {
 // setGate writes instance id's gate in state.
 func setGate(t testing.TB, gates fence.KV, id, state string) {
 	t.Helper()
-	row := gate.Row{State: state, Principal: "u_aaaaaaaaaaaaaaaaaaaaaaaaaa.manager_serve_" + id}
-	if state != gate.Open {
-		row.Op = &gate.Op{OpID: "x", Kind: gate.OpRetirement}
+	row := issue.GateRow{State: state, Principal: "u_aaaaaaaaaaaaaaaaaaaaaaaaaa.manager_serve_" + id}
+	if state != issue.GateOpen {
+		row.Op = &issue.GateOp{OpID: "x", Kind: issue.OpRetirement}
 	}
-	if _, err := gate.Of(gates, subjects.GateEndpointManager, id).Update(ctx(t), func(*gate.Gate) (gate.Row, error) { return row, nil }); err != nil {
+	if _, err := issue.GateOf(gates, subjects.GateEndpointManager, id).Update(ctx(t), func(*issue.Gate) (issue.GateRow, error) { return row, nil }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -334,16 +333,16 @@ func TestAnAddNeverBringsBackAKeyAnEndTookOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		b := &resolver{account: w.account}
-		mem := storetest.New()
+		mem := testkit.NewKV()
 		hook := &casHook{KV: mem}
 		adder, ender := w.set(hook, b), w.set(mem, b)
 		if err := ender.Repush(ctx(t), true); err != nil { // the row exists: the add's first try is a CAS
 			t.Fatal(err)
 		}
 		id := iid()
-		setGate(t, mem, id, gate.Open)
+		setGate(t, mem, id, issue.GateOpen)
 		hook.before = func() {
-			setGate(t, mem, id, gate.Frozen)
+			setGate(t, mem, id, issue.GateFrozen)
 			if out, err := ender.Remove(ctx(t), id); err != nil || !out.Done {
 				t.Errorf("the end: %+v, %v", out, err)
 			}
@@ -411,8 +410,8 @@ func TestTheSweepTakesOffTheKeysOfInstancesThatMintNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		setGate(t, gates, frozen, gate.Frozen)
-		setGate(t, gates, open, gate.Open)
+		setGate(t, gates, frozen, issue.GateFrozen)
+		setGate(t, gates, open, issue.GateOpen)
 		start := time.Now()
 		s.Now = func() time.Time { return time.Now().Add(time.Since(start) + s.Settle*3/4) }
 		if _, err := s.Issuer(ctx(t), renewed, 0, false); err != nil { // a prepare again, still to commit
@@ -476,7 +475,7 @@ func TestAPushAgainSendsTheNewestJWTWithoutSigningWhenThisReplicaSignedIt(t *tes
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
 		b := &resolver{account: w.account}
-		gates := storetest.New()
+		gates := testkit.NewKV()
 		s, other := w.set(gates, b), w.set(gates, b)
 		if _, err := s.Issuer(ctx(t), iid(), 0, false); err != nil {
 			t.Fatal(err)
@@ -510,8 +509,8 @@ func TestARowLargerThanARequestBodyStillTakesInstances(t *testing.T) {
 	o, err := s.fence().Update(ctx(t), func(*fence.Observed[row]) (row, error) {
 		return row{V: 1, Account: s.Account, Live: live}, nil
 	})
-	if err != nil || len(o.Raw) <= body.MaxBytes {
-		t.Fatalf("a row of %d bytes (%v), want more than %d", len(o.Raw), err, body.MaxBytes)
+	if err != nil || len(o.Raw) <= fault.MaxBytes {
+		t.Fatalf("a row of %d bytes (%v), want more than %d", len(o.Raw), err, fault.MaxBytes)
 	}
 	e, err := gates.Get(ctx(t), subjects.SignersKey(s.Account))
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/issue"
@@ -35,7 +34,7 @@ const maxAcceptedRow = 4 << 10
 
 func parseAccepted(data []byte) (accepted, error) {
 	var a accepted
-	if err := body.DecodeRow(data, &a, maxAcceptedRow); err != nil {
+	if err := fault.DecodeRow(data, &a, maxAcceptedRow); err != nil {
 		return accepted{}, err
 	}
 	if a.Version != 1 || a.Ref.Generation == "" {

@@ -8,13 +8,11 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/client"
-	"github.com/cotal-ai/authplane/internal/capability/ledger"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -59,7 +57,7 @@ const maxAssignmentRow = 4 << 10
 // parseAssignment decodes and checks a stored assignment.
 func parseAssignment(data []byte) (Assignment, error) {
 	var a Assignment
-	if err := body.DecodeRow(data, &a, maxAssignmentRow); err != nil {
+	if err := fault.DecodeRow(data, &a, maxAssignmentRow); err != nil {
 		return Assignment{}, err
 	}
 	switch {
@@ -112,15 +110,15 @@ func lapsed(owner string) *fault.Error {
 // requirePlatformAdmin refuses the caller unless its ledger row, read now, holds
 // `platform-admin`.
 func (s *Supervisor) requirePlatformAdmin(ctx context.Context, caller manager.Caller) error {
-	row, found, err := ledger.Read(ctx, s.Ledger, caller.Owner, caller.Actor)
+	row, found, err := manager.ReadActor(ctx, s.Ledger, caller.Owner, caller.Actor)
 	switch {
-	case errors.Is(err, ledger.ErrMalformed):
+	case errors.Is(err, manager.ErrMalformed):
 		found = false
 	case err != nil:
 		return fault.Store(err, "reading the ledger")
 	}
-	if !found || !row.Has(ledger.PlatformAdmin) {
-		return fault.New(fault.PermissionDenied, "caller %s needs scope %q; supervise and admin do not imply it", caller, ledger.PlatformAdmin)
+	if !found || !row.Has(manager.PlatformAdmin) {
+		return fault.New(fault.PermissionDenied, "caller %s needs scope %q; supervise and admin do not imply it", caller, manager.PlatformAdmin)
 	}
 	return nil
 }
@@ -151,7 +149,7 @@ func (s *Supervisor) readAssignment(ctx context.Context, owner string) (*observe
 // lifecycle: end it first; a delete marker), unavailable (stores).
 func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.Assignment, audit.Request, error) {
 	var req client.Assign
-	if err := body.Decode(data, &req); err != nil {
+	if err := fault.Decode(data, &req); err != nil {
 		return nil, about, err
 	}
 	about = aboutTarget(about, req.Kind, client.KindAssign, req.InstanceID)
@@ -169,7 +167,7 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 		return nil, about, err
 	}
 	// The instance's gate: a retired gate is an ended lifecycle, never re-opened.
-	g, err := gate.Of(s.Gates, subjects.GateEndpointManager, req.InstanceID).Observe(ctx)
+	g, err := issue.GateOf(s.Gates, subjects.GateEndpointManager, req.InstanceID).Observe(ctx)
 	if err != nil {
 		return nil, about, fault.Store(err, "reading the gate of instance %s", req.InstanceID)
 	}
@@ -177,13 +175,13 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 		if g.Row.Principal != subjects.Principal(req.Owner, subjects.ServeActor(req.InstanceID)) {
 			return nil, about, fault.New(fault.PermissionDenied, "instance %s is registered to another owner", req.InstanceID)
 		}
-		if g.Row.State == gate.Retired {
+		if g.Row.State == issue.GateRetired {
 			return nil, about, endedRefusal(req.Owner, nil)
 		}
 	}
 	want := Assignment{V: 1, Kind: kindAssignment, Owner: req.Owner, Space: s.Space,
 		AccountPublicKey: s.Account, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: StateAssigned,
-		ExpiresAt: req.ExpiresAt, Scope: []string{ledger.Supervise}, AssignedBy: caller.String()}
+		ExpiresAt: req.ExpiresAt, Scope: []string{manager.Supervise}, AssignedBy: caller.String()}
 	o, err := s.assignmentOf(req.Owner).Update(ctx, func(cur *observedAssignment) (Assignment, error) {
 		a := cur.Row
 		switch {
@@ -230,7 +228,7 @@ func (s *Supervisor) Vouch(ctx context.Context, owner, iid, uid string) error {
 }
 
 // exactlySupervise reports whether scope is exactly ["supervise"].
-func exactlySupervise(scope []string) bool { return slices.Equal(scope, []string{ledger.Supervise}) }
+func exactlySupervise(scope []string) bool { return slices.Equal(scope, []string{manager.Supervise}) }
 
 // aboutTarget is about with what a supervisor body names, as far as it passed its grammar.
 func aboutTarget(about audit.Request, kind, wantKind, iid string) audit.Request {

@@ -9,9 +9,8 @@ import (
 	"github.com/cotal-ai/authplane/client"
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -45,7 +44,7 @@ var supervisable = map[string]bool{
 // resource-exhausted, unavailable and internal as manager-authority's.
 func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.Material, audit.Request, error) {
 	var env authorityBody
-	if err := body.Decode(data, &env); err != nil {
+	if err := fault.Decode(data, &env); err != nil {
 		return nil, about, err
 	}
 	about = aboutTarget(about, env.Kind, client.KindSupervisorAuthority, "")
@@ -74,7 +73,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 		}
 	}
 	if err != nil {
-		return nil, about, body.Within("request", err)
+		return nil, about, fault.Within("request", err)
 	}
 	if req.Actor != "cli" {
 		return nil, about, fault.Field("request.actor", `want "cli": a platform supervisor's request is the CLI's`)
@@ -115,7 +114,7 @@ func (s *Supervisor) Authority(ctx context.Context, caller manager.Caller, about
 // that is frozen or retired (an end's first and fourth steps), or a recorded generation that no
 // longer resolves (its third). A gate of another owner is refused as such.
 func (s *Supervisor) endedFence(ctx context.Context, l lifecycle) error {
-	g, err := gate.Of(s.Gates, subjects.GateEndpointManager, l.iid).Observe(ctx)
+	g, err := issue.GateOf(s.Gates, subjects.GateEndpointManager, l.iid).Observe(ctx)
 	if err != nil {
 		return fault.Store(err, "reading the gate of instance %s", l.iid)
 	}
@@ -123,7 +122,7 @@ func (s *Supervisor) endedFence(ctx context.Context, l lifecycle) error {
 		if !strings.HasPrefix(g.Row.Principal, l.owner+".") {
 			return fault.New(fault.PermissionDenied, "instance %s is registered to another owner", l.iid)
 		}
-		if g.Row.State != gate.Open {
+		if g.Row.State != issue.GateOpen {
 			return endedRefusal(l.owner, nil)
 		}
 	}

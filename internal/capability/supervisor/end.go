@@ -11,11 +11,9 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/body"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -61,7 +59,7 @@ const (
 // connection, by the deadline: the report in the details; repeat the end to complete it).
 func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit.Request, data []byte) (*client.EndReport, audit.Request, error) {
 	var req client.End
-	if err := body.Decode(data, &req); err != nil {
+	if err := fault.Decode(data, &req); err != nil {
 		return nil, about, err
 	}
 	about = aboutTarget(about, req.Kind, client.KindEnd, req.InstanceID)
@@ -87,7 +85,7 @@ func (s *Supervisor) End(ctx context.Context, caller manager.Caller, about audit
 	// An instance another owner registered is refused before anything is written. (One another
 	// owner registers after this read is found by the freeze: then this lifecycle never had
 	// the gate, minted nothing on it, and has nothing of its own there to freeze or revoke.)
-	if g, err := gate.Of(s.Gates, subjects.GateEndpointManager, e.l.iid).Observe(ctx); err != nil {
+	if g, err := issue.GateOf(s.Gates, subjects.GateEndpointManager, e.l.iid).Observe(ctx); err != nil {
 		return nil, about, fault.Store(err, "reading the gate of instance %s", e.l.iid)
 	} else if !g.Absent() && g.Row.Principal != e.principal() {
 		return nil, about, fault.New(fault.PermissionDenied, "instance %s is registered to another owner", e.l.iid)
@@ -153,8 +151,8 @@ func (e *ending) principal() string {
 }
 
 // retirement is the op of the lifecycle's freeze and retirement.
-func (e *ending) retirement() *gate.Op {
-	return &gate.Op{OpID: gate.RetirementOpID(e.l.uid), Kind: gate.OpRetirement}
+func (e *ending) retirement() *issue.GateOp {
+	return &issue.GateOp{OpID: issue.RetirementOpID(e.l.uid), Kind: issue.OpRetirement}
 }
 
 // moveAssignment moves owner's assignment of this lifecycle from one state to the next: a row
@@ -206,15 +204,15 @@ func (e *ending) finish(ctx context.Context) error {
 // is; another owner's is left alone (foreign).
 func (e *ending) toGate(ctx context.Context, state string) error {
 	principal := e.principal()
-	_, err := gate.Of(e.s.Gates, subjects.GateEndpointManager, e.l.iid).Update(ctx, func(cur *gate.Gate) (gate.Row, error) {
+	_, err := issue.GateOf(e.s.Gates, subjects.GateEndpointManager, e.l.iid).Update(ctx, func(cur *issue.Gate) (issue.GateRow, error) {
 		switch {
 		case cur.Absent():
-			return gate.Row{State: gate.Retired, Principal: principal, Op: e.retirement()}, nil
+			return issue.GateRow{State: issue.GateRetired, Principal: principal, Op: e.retirement()}, nil
 		case cur.Row.Principal != principal:
 			e.foreign = true
-			return gate.Row{}, fence.ErrKeep
-		case cur.Row.State == gate.Retired || cur.Row.State == state:
-			return gate.Row{}, fence.ErrKeep
+			return issue.GateRow{}, fence.ErrKeep
+		case cur.Row.State == issue.GateRetired || cur.Row.State == state:
+			return issue.GateRow{}, fence.ErrKeep
 		}
 		next := cur.Row
 		next.State, next.Op = state, e.retirement()
@@ -228,7 +226,7 @@ func (e *ending) toGate(ctx context.Context, state string) error {
 
 // freeze is step 2: the commit fence of every mint for the instance moves, so none commits
 // after it.
-func (e *ending) freeze(ctx context.Context) error { return e.toGate(ctx, gate.Frozen) }
+func (e *ending) freeze(ctx context.Context) error { return e.toGate(ctx, issue.GateFrozen) }
 
 // retireGenerations is step 3: the recorded supervisor and executor generations no longer
 // resolve, whatever the gate or the assignment row say later. The duties are retired at once.
@@ -263,11 +261,11 @@ func (e *ending) retireGenerations(ctx context.Context) error {
 
 // retireGate is step 4: retired is terminal.
 func (e *ending) retireGate(ctx context.Context) error {
-	if err := e.toGate(ctx, gate.Retired); err != nil {
+	if err := e.toGate(ctx, issue.GateRetired); err != nil {
 		return err
 	}
 	if !e.foreign {
-		e.report.Retired.Gate = gate.Retired
+		e.report.Retired.Gate = issue.GateRetired
 	}
 	return nil
 }
@@ -307,7 +305,7 @@ func (e *ending) revoke(ctx context.Context) error {
 // claimed is the keys of candidates the instance claimed, claiming for it those no instance
 // did; the claims are read at once.
 func (e *ending) claimed(ctx context.Context, candidates []string) ([]string, error) {
-	in := claim.MustInstance(e.l.owner, e.l.iid)
+	in := issue.MustInstance(e.l.owner, e.l.iid)
 	mine := make([]bool, len(candidates))
 	errs := make([]error, len(candidates))
 	var wg sync.WaitGroup
@@ -321,7 +319,7 @@ func (e *ending) claimed(ctx context.Context, candidates []string) ([]string, er
 			if holder == "" {
 				err := e.s.Claims.Take(ctx, in, []string{k})
 				switch {
-				case errors.Is(err, claim.ErrElsewhere):
+				case errors.Is(err, issue.ErrElsewhere):
 					return // claimed by another instance meanwhile: not ours
 				case err != nil:
 					errs[i] = fault.Store(err, "claiming %s for instance %s", k, e.l.iid)

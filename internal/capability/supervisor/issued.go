@@ -11,7 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/subjects"
@@ -96,7 +95,7 @@ const (
 
 func parseEvidence(data []byte) (Evidence, error) {
 	var e Evidence
-	if err := body.DecodeRow(data, &e, maxEvidenceRow); err != nil {
+	if err := fault.DecodeRow(data, &e, maxEvidenceRow); err != nil {
 		return Evidence{}, err
 	}
 	if e.Version != 1 || e.Ref.Generation == "" || e.Key == "" || e.ExpiresAt <= 0 || len(e.Sources) != 0 {
@@ -107,7 +106,7 @@ func parseEvidence(data []byte) (Evidence, error) {
 
 func parseAttempt(data []byte) (attempt, error) {
 	var a attempt
-	if err := body.DecodeRow(data, &a, maxAttemptRow); err != nil {
+	if err := fault.DecodeRow(data, &a, maxAttemptRow); err != nil {
 		return attempt{}, err
 	}
 	if a.Version != 1 || !slices.Contains([]string{Prepared, Active, Aborted, Revoked}, a.State) || a.Nonce == "" {

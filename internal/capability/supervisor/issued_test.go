@@ -11,7 +11,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -25,15 +25,15 @@ const (
 // env is a supervisor on in-memory buckets, with a clock a test can move.
 type env struct {
 	s        *Supervisor
-	issued   *storetest.KV
-	accepted *storetest.KV
+	issued   *testkit.KV
+	accepted *testkit.KV
 	mu       sync.Mutex
 	now      time.Time
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{issued: storetest.New(), accepted: storetest.New(), now: time.Unix(1_800_000_000, 0)}
+	e := &env{issued: testkit.NewKV(), accepted: testkit.NewKV(), now: time.Unix(1_800_000_000, 0)}
 	e.s = &Supervisor{Space: "default", Issued: e.issued, Accepted: e.accepted, Now: e.clock}
 	return e
 }
@@ -134,7 +134,7 @@ func TestResolveRefusesAnExpiredGeneration(t *testing.T) {
 // movingKV rewrites key with the bytes it holds right after the first read of it: the row
 // moves between a resolve's two reads.
 type movingKV struct {
-	*storetest.KV
+	*testkit.KV
 	key   string
 	moved bool
 }
@@ -231,7 +231,7 @@ func TestRetireIsIdempotentAndFinal(t *testing.T) {
 
 // racingKV accepts a competitor's generation under key just before this writer's create.
 type racingKV struct {
-	*storetest.KV
+	*testkit.KV
 	key    string
 	winner []byte
 }
@@ -280,7 +280,7 @@ func TestTheLoserOfAConcurrentFirstIssuanceRetiresItsOwnGenerationAndConfirmsThe
 
 // creating records the evidence keys created through it.
 type creating struct {
-	*storetest.KV
+	*testkit.KV
 	mu      sync.Mutex
 	created []string
 }

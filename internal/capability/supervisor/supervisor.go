@@ -7,8 +7,8 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/manager"
 	"github.com/cotal-ai/authplane/internal/capability/signers"
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fence"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 )
 
 // Supervisor serves the platform supervisor of one space: supervisor-assign,
@@ -31,7 +31,7 @@ type Supervisor struct {
 	// Minted lists the keys of every credential minted for an instance, and Claims says which
 	// instance claimed each: an end revokes those its instance claimed.
 	Minted Minted
-	Claims *claim.Claims
+	Claims *issue.Claims
 	// Signers are the data account's live signing keys and the broker they are applied to.
 	Signers *signers.Set
 	Audit   Recorder

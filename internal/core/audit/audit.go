@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
@@ -302,7 +301,7 @@ func (w *Writer) summarize(ctx context.Context, k budgetKey, win *window) {
 	decision := SummaryOf(k.decision)
 	sum := Summary{V: 1, Decision: decision, Owner: k.owner, From: win.start.UnixMilli(), To: w.now().UnixMilli(), Counts: win.counts, At: w.now().UnixMilli()}
 	w.log.Warn("records past the owner's budget, counted", "owner", k.owner, "decision", k.decision, "counted", total, "counts", win.counts)
-	data, err := body.Encode(sum)
+	data, err := fault.Encode(sum)
 	if err == nil {
 		err = w.out.Append(ctx, subjects.AuditSubject(w.space, decision, k.owner, "_"), data, "")
 	}
@@ -365,10 +364,10 @@ func (w *Writer) record(ctx context.Context, d Decision, cause error) error {
 		attrs = append(attrs, "err", cause)
 	}
 	w.log.Log(ctx, level, d.Decision, attrs...)
-	data, err := body.Encode(d)
+	data, err := fault.Encode(d)
 	for err == nil && d.Decision == Refused && len(data) > MaxRefusedRecord && d.Message != "" {
 		d.Message = fault.Clip(d.Message, len(d.Message)/2)
-		data, err = body.Encode(d)
+		data, err = fault.Encode(d)
 	}
 	if err == nil {
 		err = w.out.Append(ctx, subjects.AuditSubject(w.space, d.Decision, owner, actor), data, "")

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 const (
@@ -22,15 +22,15 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
-func newWriter() (*Writer, *storetest.Stream, *clock) {
+func newWriter() (*Writer, *testkit.Stream, *clock) {
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
-	out := storetest.NewStream()
+	out := testkit.NewStream()
 	return New("default", out, slog.New(slog.DiscardHandler), c.now), out, c
 }
 
 // bySubject counts the records on each subject prefix of interest.
-func records(out *storetest.Stream, decision, owner string) []storetest.Msg {
-	var got []storetest.Msg
+func records(out *testkit.Stream, decision, owner string) []testkit.Msg {
+	var got []testkit.Msg
 	for _, m := range out.Msgs() {
 		if strings.HasPrefix(m.Subject, "cotal.default.audit."+decision+"."+owner+".") {
 			got = append(got, m)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -37,7 +37,7 @@ func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Cr
 	for i, c := range creds {
 		keys[i] = c.NKey
 	}
-	data, err := body.Encode(Minted{V: 1, Request: req, Credentials: creds, At: w.now().UnixMilli()})
+	data, err := fault.Encode(Minted{V: 1, Request: req, Credentials: creds, At: w.now().UnixMilli()})
 	if err == nil && len(data) > MaxMintedRecord {
 		err = fmt.Errorf("%d bytes, over the bound of %d", len(data), MaxMintedRecord)
 	}
@@ -78,7 +78,7 @@ func (w *Writer) MintedKeys(ctx context.Context, iid string) ([]string, error) {
 	keys := []string{}
 	for _, r := range records {
 		var m Minted
-		if err := body.DecodeRow(r.Data, &m, MaxMintedRecord); err != nil {
+		if err := fault.DecodeRow(r.Data, &m, MaxMintedRecord); err != nil {
 			return nil, fmt.Errorf("the minted record on %s: %w", r.Subject, err)
 		}
 		for _, c := range m.Credentials {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/core/body"
+	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -59,7 +59,7 @@ func TestAMintIsOneClosedRecordOnItsSetOfKeys(t *testing.T) {
 		t.Fatalf("got %d records (the first on %s), want one on the subject of the two keys, message id mint-1", len(msgs), msgs[0].Subject)
 	}
 	var rec Minted
-	if err := body.DecodeRow(msgs[0].Data, &rec, MaxMintedRecord); err != nil {
+	if err := fault.DecodeRow(msgs[0].Data, &rec, MaxMintedRecord); err != nil {
 		t.Fatal(err)
 	}
 	if rec.V != 1 || rec.Request != req || !slices.Equal(rec.Credentials, creds(keys...)) || rec.At != 1_800_000_000_000 {

@@ -1,6 +1,7 @@
 // Package fault is the catalogue of refusals: every error the plane answers a caller with
 // carries one of its codes, and this package's one table turns a code into its wire forms (the
-// NATS service error number and the HTTP status). No other package chooses a status.
+// NATS service error number and the HTTP status). No other package chooses a status. Bodies
+// and stored rows are parsed closed here too (body.go), so a bad one is refused in its words.
 package fault
 
 import (

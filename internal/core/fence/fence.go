@@ -35,7 +35,7 @@ var (
 	ErrKeep = errors.New("keep the row as observed")
 )
 
-// KV is the part of a bucket a fence needs: store.KV, or storetest.KV in unit tests.
+// KV is the part of a bucket a fence needs: store.KV, or testkit.KV in unit tests.
 type KV interface {
 	Get(ctx context.Context, key string) (store.Entry, error)
 	Create(ctx context.Context, key string, value []byte) (uint64, error)

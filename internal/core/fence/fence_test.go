@@ -12,7 +12,7 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -45,9 +45,9 @@ func ctx(t *testing.T) context.Context {
 }
 
 // setup returns a bucket holding r at key "k" and the fence there, observed.
-func setup(t *testing.T, r row) (*storetest.KV, *fence.Fence[row], *fence.Observed[row]) {
+func setup(t *testing.T, r row) (*testkit.KV, *fence.Fence[row], *fence.Observed[row]) {
 	t.Helper()
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	put(t, kv, r)
 	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
@@ -59,14 +59,14 @@ func setup(t *testing.T, r row) (*storetest.KV, *fence.Fence[row], *fence.Observ
 
 // countingKV is a bucket that counts the writes fences retry on it.
 type countingKV struct {
-	*storetest.KV
+	*testkit.KV
 	retries atomic.Int64
 }
 
 func (c *countingKV) Retried() { c.retries.Add(1) }
 
 // put writes r at "k" unconditionally, as another writer would.
-func put(t *testing.T, kv *storetest.KV, r row) {
+func put(t *testing.T, kv *testkit.KV, r row) {
 	t.Helper()
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -76,7 +76,7 @@ func put(t *testing.T, kv *storetest.KV, r row) {
 }
 
 func TestObserveTellsAbsentFromPresentAndRefusesMarkersAndJunk(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
 	if err != nil || !o.Absent() {
@@ -111,7 +111,7 @@ func TestCommitLandsOnAnUnchangedRowWithTheBytesAsRead(t *testing.T) {
 }
 
 func TestCommitRetriesWhenAnotherCommitRewroteTheSameBytes(t *testing.T) {
-	kv := &countingKV{KV: storetest.New()}
+	kv := &countingKV{KV: testkit.NewKV()}
 	put(t, kv.KV, fresh("open", 0))
 	o, err := fence.New(kv, "k", parse, nil).Observe(ctx(t))
 	if err != nil {
@@ -141,7 +141,7 @@ func TestCommitIsRefusedOnceAFenceWriterChangedTheRow(t *testing.T) {
 }
 
 func TestCommitOnAnAbsentObservationIsRefused(t *testing.T) {
-	o, err := fence.New(storetest.New(), "k", parse, nil).Observe(ctx(t))
+	o, err := fence.New(testkit.NewKV(), "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 	for _, lands := range []bool{true, false} {
 		t.Run(fmt.Sprintf("write landed %v", lands), func(t *testing.T) {
 			kv, _, o := setup(t, fresh("open", 0))
-			kv.Fault = storetest.FailOnce(lands)
+			kv.Fault = testkit.FailOnce(lands)
 			if _, err := o.Commit(ctx(t)); err != nil {
 				t.Fatalf("got %v, want the commit settled and landed", err)
 			}
@@ -164,7 +164,7 @@ func TestCommitSettlesAnUnknownOutcomeByRereading(t *testing.T) {
 
 func TestWriteRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 	kv, f, o := setup(t, fresh("open", 0))
-	kv.Fault = storetest.FailOnce(true)
+	kv.Fault = testkit.FailOnce(true)
 	next := fresh("open", 1)
 	n, err := o.Write(ctx(t), next)
 	if err != nil {
@@ -180,8 +180,8 @@ func TestWriteRecognisesItsOwnWriteAfterAnUnknownOutcome(t *testing.T) {
 }
 
 func TestWriteRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
-	kv := storetest.New()
-	kv.Fault = storetest.FailOnce(false)
+	kv := testkit.NewKV()
+	kv.Fault = testkit.FailOnce(false)
 	o, err := fence.New(kv, "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +196,7 @@ func TestWriteRetriesAFirstCreateWhoseUnknownOutcomeDidNotLand(t *testing.T) {
 }
 
 func TestWriteFromAbsentLosesToAConcurrentCreate(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	f := fence.New(kv, "k", parse, nil)
 	o, err := f.Observe(ctx(t))
 	if err != nil {
@@ -234,7 +234,7 @@ func TestAMarkerIsFinalForEveryVerb(t *testing.T) {
 	if _, err := o.Commit(ctx(t)); !errors.Is(err, fence.ErrGone) {
 		t.Fatalf("commit: got %v, want ErrGone", err)
 	}
-	absent := storetest.New()
+	absent := testkit.NewKV()
 	ao, err := fence.New(absent, "k", parse, nil).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -324,7 +324,7 @@ func TestARetryLoopEndsAtItsDeadlineSayingWhy(t *testing.T) {
 }
 
 func TestWriteStampsEveryRowAndNeverWritesOneThatDoesNotParse(t *testing.T) {
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	stamps := 0
 	f := fence.New(kv, "k", parse, func(r *row) {
 		stamps++

@@ -10,14 +10,13 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
 	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // grouped returns a bucket holding r at "k", grouped, with the fence there observed.
-func grouped(t *testing.T, r row) (*storetest.KV, *fence.Grouped, *fence.Fence[row], *fence.Observed[row]) {
+func grouped(t *testing.T, r row) (*testkit.KV, *fence.Grouped, *fence.Fence[row], *fence.Observed[row]) {
 	t.Helper()
-	kv := storetest.New()
+	kv := testkit.NewKV()
 	put(t, kv, r)
 	g := fence.Group(kv)
 	f := fence.New(g, "k", parse, nil)
@@ -41,7 +40,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // holdFirstWrite makes the bucket's first write wait until release is closed, and counts every
 // write; entered is closed once the first write waits.
-func holdFirstWrite(kv *storetest.KV) (writes *atomic.Int64, entered, release chan struct{}) {
+func holdFirstWrite(kv *testkit.KV) (writes *atomic.Int64, entered, release chan struct{}) {
 	writes = &atomic.Int64{}
 	entered, release = make(chan struct{}), make(chan struct{})
 	kv.Fault = func(string) (error, bool) {
@@ -71,7 +70,7 @@ func TestAGroupedCommitAloneIsACommit(t *testing.T) {
 	t.Run("settles an unknown outcome", func(t *testing.T) {
 		for _, lands := range []bool{true, false} {
 			kv, _, _, o := grouped(t, fresh("open", 0))
-			kv.Fault = storetest.FailOnce(lands)
+			kv.Fault = testkit.FailOnce(lands)
 			if _, err := o.Commit(ctx(t)); err != nil {
 				t.Fatalf("the first write landed %v: got %v, want the commit to land", lands, err)
 			}

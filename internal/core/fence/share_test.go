@@ -10,13 +10,13 @@ import (
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // counted is a bucket that counts its gets; hold, when set, runs after a get read its entry
 // and before it answers (the answer in flight).
 type counted struct {
-	*storetest.KV
+	*testkit.KV
 	gets atomic.Int64
 	hold func(n int64)
 }
@@ -67,7 +67,7 @@ func readEpoch(t *testing.T, s *fence.Shared) int {
 // sent after they came, so a write acknowledged before they began is in what they read; and
 // however many they are, they cost one get.
 func TestSharedReadsNeverAnswerWithAGetSentBeforeThem(t *testing.T) {
-	c := &counted{KV: storetest.New()}
+	c := &counted{KV: testkit.NewKV()}
 	put(t, c.KV, row{State: "live", Epoch: 1})
 	entered, release := holdFirstGet(c)
 	s := fence.Share(c)
@@ -107,7 +107,7 @@ func TestSharedReadsNeverAnswerWithAGetSentBeforeThem(t *testing.T) {
 // A Get that gives up waiting answers store.ErrUnknownOutcome at once, and leaves the others
 // their answer; a shared get that nobody waits for any more is not sent.
 func TestASharedReadThatGivesUpLeavesTheOthersTheirAnswer(t *testing.T) {
-	c := &counted{KV: storetest.New()}
+	c := &counted{KV: testkit.NewKV()}
 	put(t, c.KV, row{State: "live", Epoch: 1})
 	entered, release := holdFirstGet(c)
 	s := fence.Share(c)
@@ -130,7 +130,7 @@ func TestASharedReadThatGivesUpLeavesTheOthersTheirAnswer(t *testing.T) {
 	}
 
 	t.Run("nobody waits any more", func(t *testing.T) {
-		c := &counted{KV: storetest.New()}
+		c := &counted{KV: testkit.NewKV()}
 		put(t, c.KV, row{State: "live", Epoch: 1})
 		entered, release := holdFirstGet(c)
 		s := fence.Share(c)
@@ -154,7 +154,7 @@ func TestASharedReadThatGivesUpLeavesTheOthersTheirAnswer(t *testing.T) {
 // Readers racing a writer never read a row older than the last write acknowledged before their
 // read began, whether they share a get or send their own.
 func TestSharedReadsSeeEveryWriteAcknowledgedBeforeThem(t *testing.T) {
-	c := &counted{KV: storetest.New()}
+	c := &counted{KV: testkit.NewKV()}
 	put(t, c.KV, row{State: "live", Epoch: 0})
 	c.hold = func(int64) { time.Sleep(50 * time.Microsecond) } // answers in flight long enough to share
 	s := fence.Share(c)

@@ -5,23 +5,21 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cotal-ai/authplane/internal/core/budget"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 )
 
 // Spend is one want of a stored tenant budget, and the refusal when its budget cannot give it.
 type Spend struct {
-	budget.Want
+	Want
 	Refusal *fault.Error
 }
 
 // KeyBudgets bound how many keys an owner claims anew, and how many it has the broker choose
 // (the auth callout's users, one for each connection): each is one more `minted` record in the
-// stream every tenant shares. Both are kept in the store (budget.Stored): they hold per space,
+// stream every tenant shares. Both are kept in the store (StoredBudget): they hold per space,
 // across restarts and replicas, at the cost of a read and a write on a mint that adds keys.
 type KeyBudgets struct {
-	PerOwner *budget.Stored
+	PerOwner *StoredBudget
 	// Window is what the budget is counted over (the minted records' retention), and Limit
 	// the keys it allows in it, for the refusal.
 	Window time.Duration
@@ -29,7 +27,7 @@ type KeyBudgets struct {
 	// PerOwnerConnections bounds the keys the broker chooses for an owner's connections:
 	// ConnectionsLimit of them a bearer's life (ConnectionsWindow), enough for each connection
 	// the owner may hold to connect again with each new bearer, and no more.
-	PerOwnerConnections *budget.Stored
+	PerOwnerConnections *StoredBudget
 	ConnectionsWindow   time.Duration
 	ConnectionsLimit    int
 }
@@ -44,11 +42,11 @@ func (p *Pipeline) spend(ctx context.Context, plan Plan, fresh int) error {
 	if len(spends) == 0 {
 		return nil
 	}
-	wants := make([]budget.Want, len(spends))
+	wants := make([]Want, len(spends))
 	for i, s := range spends {
 		wants[i] = s.Want
 	}
-	short, err := budget.TakeAll(ctx, wants...)
+	short, err := TakeAll(ctx, wants...)
 	switch {
 	case err != nil:
 		return fault.Store(err, "reading the %s budget", wants[short].From.Budget)
@@ -60,16 +58,16 @@ func (p *Pipeline) spend(ctx context.Context, plan Plan, fresh int) error {
 
 // spend is the want of n new keys from the budget of in's owner, and its refusal; a want of
 // nothing (From nil) when none is bounded.
-func (b *KeyBudgets) spend(in claim.Instance, n int) Spend {
+func (b *KeyBudgets) spend(in Instance, n int) Spend {
 	if b == nil || n == 0 || in.Owner() == "" {
 		return Spend{}
 	}
 	if in.IsServerChosen() {
-		return Spend{Want: budget.Want{From: b.PerOwnerConnections, Name: in.Owner(), N: n},
-			Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.ConnectionKeysOwner},
+		return Spend{Want: Want{From: b.PerOwnerConnections, Name: in.Owner(), N: n},
+			Refusal: fault.Wrap(fault.ResourceExhausted, &Exceeded{Budget: ConnectionKeysOwner},
 				"owner %s connected as often as it may for now (--max-connections-per-owner: %d in %s, a bearer's life): retry shortly", in.Owner(), b.ConnectionsLimit, b.ConnectionsWindow)}
 	}
-	return Spend{Want: budget.Want{From: b.PerOwner, Name: in.Owner(), N: n},
-		Refusal: fault.Wrap(fault.ResourceExhausted, &budget.Exceeded{Budget: budget.NewKeysOwner},
+	return Spend{Want: Want{From: b.PerOwner, Name: in.Owner(), N: n},
+		Refusal: fault.Wrap(fault.ResourceExhausted, &Exceeded{Budget: NewKeysOwner},
 			"owner %s claimed its share of new keys for now (--new-keys-per-owner: %d in %s): renew with the keys its instances hold, or retry later", in.Owner(), b.Limit, b.Window)}
 }

@@ -4,6 +4,8 @@
 // and nothing. A credential is valid only if every commit of its plan landed, and every fence
 // writer changes the row it writes, so no credential commits after a fence that forbids it.
 // Manager authority, runs, the supervisor and the HTTP doors only build plans and shape replies.
+// What a plan commits on and spends lives here too: the endpoint gate (gate.go), the claims on
+// nkeys (claim.go), the tenants' budgets (budget.go, stored.go) and the signer (mint.go).
 package issue
 
 import (
@@ -13,10 +15,8 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -95,7 +95,7 @@ type Plan struct {
 	// Instance is the manager instance the plan mints for: every key it signs or binds is
 	// claimed by it in the commit, and every `minted` record is filed under it. A plan that
 	// names none is refused before anything is signed.
-	Instance claim.Instance
+	Instance Instance
 	// Request identifies who asked for what, for the records.
 	Request audit.Request
 	Grants  []Grant
@@ -170,11 +170,11 @@ type Signers interface {
 	// Issuer returns the issuer of instance iid's credentials; trust is the generation its
 	// registration's proof was keyed by, registered says its gate was seen registered and open.
 	// A refusal is a *fault.Error.
-	Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*mint.Issuer, error)
+	Issuer(ctx context.Context, iid string, trust uint64, registered bool) (*Issuer, error)
 	// Room refuses, writing nothing, an instance Issuer would refuse for want of room.
 	Room(ctx context.Context, iid string, registered bool) error
 	// Main returns the issuer of what no instance's key signs (the auth callout's users).
-	Main(ctx context.Context) (*mint.Issuer, error)
+	Main(ctx context.Context) (*Issuer, error)
 	// Withdraw takes iid's key off, best effort and without waiting, once its first
 	// registration was refused after Issuer listed it: only while its gate is still absent.
 	Withdraw(iid string)
@@ -187,13 +187,13 @@ type Signers interface {
 type Pipeline struct {
 	// Issuer signs every credential when Signers is nil (a plane without the operator signing
 	// key).
-	Issuer *mint.Issuer
+	Issuer *Issuer
 	// Signers, when set, signs each instance's credentials with the instance's own key.
 	Signers Signers
 	Audit   Recorder
 	// Claims are the claims on user nkeys: a key another instance claimed is refused before
 	// signing, and a new one claimed in the commit.
-	Claims *claim.Claims
+	Claims *Claims
 	// NewKeys, when set, is the budget of keys each owner claims anew. A claim is for life and
 	// every new key's `minted` record stays in the shared minted stream for its retention, so
 	// how many one owner creates in that time is bounded; a plan past it is refused
@@ -202,7 +202,7 @@ type Pipeline struct {
 	NewKeys *KeyBudgets
 	Now     func() time.Time
 	// Limits bound every credential it mints (subscriptions, payload).
-	Limits mint.Limits
+	Limits Limits
 	// Fenced reports that this plane was fenced by a newer registration of its own instance; a
 	// mint checks it last before committing and is discarded if it says so. Nil: never.
 	Fenced func() bool
@@ -308,7 +308,7 @@ func (p *Pipeline) Issue(ctx context.Context, plan Plan) (*Issued, error) {
 			return nil, fault.New(fault.PermissionDenied, "%s ends at %s, within the second; it issues nothing",
 				plan.Ceiling.What, ceiling.UTC().Format(time.RFC3339))
 		}
-		token, err := issuer.Sign(mint.User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp, Limits: p.Limits})
+		token, err := issuer.Sign(User{Name: g.Principal, Key: g.Key, Permissions: g.Permissions, Expires: exp, Limits: p.Limits})
 		if err != nil {
 			return nil, fault.Wrap(fault.Internal, err, "signing the %s credential failed", g.Duty)
 		}
@@ -399,7 +399,7 @@ func (plan *Plan) keys() []Key {
 // checkClaims refuses, before anything is signed, a key another instance claimed
 // (already-exists, naming the field that named it), and returns the keys no instance claimed
 // yet: the commit claims them.
-func (p *Pipeline) checkClaims(ctx context.Context, in claim.Instance, keys []Key) ([]string, error) {
+func (p *Pipeline) checkClaims(ctx context.Context, in Instance, keys []Key) ([]string, error) {
 	nkeys := make([]string, len(keys))
 	for i, k := range keys {
 		nkeys[i] = k.NKey
@@ -414,7 +414,7 @@ func (p *Pipeline) checkClaims(ctx context.Context, in claim.Instance, keys []Ke
 // claimRefusal is the refusal of a claim read or write that failed during what: a key another
 // instance claimed is already-exists, naming the field that named it.
 func (p *Pipeline) claimRefusal(err error, keys []Key, what string) *fault.Error {
-	var e *claim.Elsewhere
+	var e *Elsewhere
 	if !errors.As(err, &e) {
 		return fault.Store(err, "%s", what)
 	}

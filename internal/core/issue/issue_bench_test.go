@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/cotal-ai/authplane/internal/core/fence"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -26,7 +25,7 @@ func BenchmarkIssue(b *testing.B) {
 			gates := fence.Group(e.fences)
 			plan := e.plan(b)
 			issue1 := func() error {
-				g, err := gate.Of(gates, subjects.GateEndpointManager, e.iid).Observe(ctx(b))
+				g, err := issue.GateOf(gates, subjects.GateEndpointManager, e.iid).Observe(ctx(b))
 				if err != nil {
 					return err
 				}

@@ -15,13 +15,10 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/core/audit"
-	"github.com/cotal-ai/authplane/internal/core/claim"
 	"github.com/cotal-ai/authplane/internal/core/fault"
-	"github.com/cotal-ai/authplane/internal/core/gate"
 	"github.com/cotal-ai/authplane/internal/core/issue"
-	"github.com/cotal-ai/authplane/internal/core/mint"
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -31,10 +28,10 @@ const owner = "u_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 // fences a run mint commits on, in order), and the record streams.
 type env struct {
 	p       *issue.Pipeline
-	fences  *storetest.KV
-	records *storetest.Stream
-	first   *gate.Gate
-	second  *gate.Gate
+	fences  *testkit.KV
+	records *testkit.Stream
+	first   *issue.Gate
+	second  *issue.Gate
 	now     time.Time
 	iid     string
 }
@@ -42,25 +39,25 @@ type env struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	acct, signer := newKP(t, nkeys.CreateAccount), newKP(t, nkeys.CreateAccount)
-	e := &env{fences: storetest.New(), records: storetest.NewStream(), now: time.Now(), iid: subjects.NewUID()}
+	e := &env{fences: testkit.NewKV(), records: testkit.NewStream(), now: time.Now(), iid: subjects.NewUID()}
 	clock := func() time.Time { return e.now }
-	iss, err := mint.NewIssuer(pub(t, acct), signer, clock)
+	iss, err := issue.NewIssuer(pub(t, acct), signer, clock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.p = &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), clock), Claims: &claim.Claims{KV: e.fences}, Now: clock}
+	e.p = &issue.Pipeline{Issuer: iss, Audit: audit.New("default", e.records, slog.New(slog.DiscardHandler), clock), Claims: &issue.Claims{KV: e.fences}, Now: clock}
 	e.first = e.openGate(t, e.iid)
 	e.second = e.openGate(t, subjects.NewUID())
 	return e
 }
 
-func (e *env) openGate(t testing.TB, iid string) *gate.Gate {
+func (e *env) openGate(t testing.TB, iid string) *issue.Gate {
 	t.Helper()
-	absent, err := gate.Of(e.fences, subjects.GateEndpointManager, iid).Observe(ctx(t))
+	absent, err := issue.GateOf(e.fences, subjects.GateEndpointManager, iid).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := absent.Write(ctx(t), gate.Row{State: gate.Open, Generation: 1, RegistrationRevision: 1,
+	g, err := absent.Write(ctx(t), issue.GateRow{State: issue.GateOpen, Generation: 1, RegistrationRevision: 1,
 		Principal: subjects.Principal(owner, subjects.ServeActor(iid))})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +102,7 @@ func (e *env) plan(t testing.TB) issue.Plan {
 			Principal: subjects.Principal(owner, actor), TTL: time.Hour, Permissions: perms})
 	}
 	return issue.Plan{
-		Instance: claim.MustInstance(owner, e.iid),
+		Instance: issue.MustInstance(owner, e.iid),
 		Request:  audit.Request{Endpoint: subjects.EndpointManagerAuthority, Caller: owner + ".cli", InstanceID: e.iid, RequestID: subjects.NewRequestID()},
 		Grants:   grants,
 		Steps:    []issue.Step{issue.Unchanged(e.first), issue.Unchanged(e.second)},
@@ -148,9 +145,9 @@ func (e *env) wantDiscarded(t *testing.T, got *issue.Issued, err error, code fau
 }
 
 // unchanged fails unless g still reads exactly as it did at revision rev.
-func (e *env) unchanged(t *testing.T, g *gate.Gate, rev uint64) {
+func (e *env) unchanged(t *testing.T, g *issue.Gate, rev uint64) {
 	t.Helper()
-	now, err := gate.Of(e.fences, subjects.GateEndpointManager, strings.TrimPrefix(g.Key(), "epgate.manager.")).Observe(ctx(t))
+	now, err := issue.GateOf(e.fences, subjects.GateEndpointManager, strings.TrimPrefix(g.Key(), "epgate.manager.")).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +189,7 @@ func TestAPlanThatCommitsReturnsValidCredentialsRecordedBeforeTheirCommit(t *tes
 	}
 	// Each step's revision is where its commit landed: the fence's revision now, past the one
 	// observed before signing.
-	for i, g := range []*gate.Gate{e.first, e.second} {
+	for i, g := range []*issue.Gate{e.first, e.second} {
 		now, err := e.fences.Get(ctx(t), g.Key())
 		if err != nil {
 			t.Fatal(err)
@@ -209,7 +206,7 @@ func TestASecondFenceThatMovesAfterSigningDiscardsTheMintAndTheFirstCommitIsHarm
 	plan.Hook = func(c context.Context, _ []issue.Credential) error {
 		// A fence writer lands on the second fence between signing and committing.
 		moved := e.second.Row
-		moved.State, moved.Op = gate.Frozen, &gate.Op{OpID: "end", Kind: gate.OpRetirement}
+		moved.State, moved.Op = issue.GateFrozen, &issue.GateOp{OpID: "end", Kind: issue.OpRetirement}
 		_, err := e.second.Write(c, moved)
 		return err
 	}
@@ -217,7 +214,7 @@ func TestASecondFenceThatMovesAfterSigningDiscardsTheMintAndTheFirstCommitIsHarm
 	e.wantDiscarded(t, got, err, fault.Conflict)
 	// The first fence committed: a rewrite of the row as it was, which changes nothing a
 	// reader decides on, and a later mint observed on it still commits.
-	now, err := gate.Of(e.fences, subjects.GateEndpointManager, e.iid).Observe(ctx(t))
+	now, err := issue.GateOf(e.fences, subjects.GateEndpointManager, e.iid).Observe(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +297,7 @@ func TestAMintedWriteOfUnknownOutcomeIsRetriedWithoutADuplicateRecord(t *testing
 	for _, lands := range []bool{true, false} {
 		t.Run(fmt.Sprintf("the first write landed %v", lands), func(t *testing.T) {
 			e := newEnv(t)
-			e.records.Fault = storetest.FailOnce(lands)
+			e.records.Fault = testkit.FailOnce(lands)
 			got, err := e.p.Issue(ctx(t), e.plan(t))
 			if err != nil || len(got.Credentials) != 2 {
 				t.Fatalf("got %v, %v; want the mint to commit", got, err)
@@ -401,7 +398,7 @@ func TestAFenceWithADeleteMarkerDiscardsTheMint(t *testing.T) {
 func TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned(t *testing.T) {
 	e := newEnv(t)
 	plan := e.plan(t)
-	plan.Instance = claim.Instance{}
+	plan.Instance = issue.Instance{}
 	before := e.fences.Revision()
 	got, err := e.p.Issue(ctx(t), plan)
 	if got != nil || fault.CodeOf(err) != fault.Internal || !strings.Contains(err.Error(), "instance") {
@@ -419,7 +416,7 @@ func TestAPlanThatNamesNoInstanceIsRefusedBeforeAnythingIsSigned(t *testing.T) {
 func TestAKeyAnotherInstanceClaimedIsRefusedBeforeSigningAndANewOneIsClaimedInTheCommit(t *testing.T) {
 	e := newEnv(t)
 	other := e.plan(t)
-	other.Instance = claim.MustInstance(owner, subjects.NewUID())
+	other.Instance = issue.MustInstance(owner, subjects.NewUID())
 	if err := e.p.Claims.Take(ctx(t), other.Instance, []string{other.Grants[0].Key}); err != nil {
 		t.Fatal(err)
 	}

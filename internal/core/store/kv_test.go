@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/cotal-ai/authplane/internal/core/store"
-	"github.com/cotal-ai/authplane/internal/core/store/storetest"
+	"github.com/cotal-ai/authplane/internal/testkit"
 )
 
 // bucket is what the conformance suite needs of a backend: the verbs, and a way to leave a
@@ -27,7 +27,7 @@ type bucket interface {
 func backends(t *testing.T) map[string]func(t *testing.T) (bucket, func(key string)) {
 	return map[string]func(t *testing.T) (bucket, func(key string)){
 		"memory": func(t *testing.T) (bucket, func(string)) {
-			kv := storetest.New()
+			kv := testkit.NewKV()
 			return kv, kv.Delete
 		},
 		"jetstream": func(t *testing.T) (bucket, func(string)) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/cotal-ai/authplane/internal/core/mint"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 	"github.com/cotal-ai/authplane/internal/platform/space"
 	"github.com/cotal-ai/authplane/subjects"
 )
@@ -85,7 +85,7 @@ func TestAVarzAnswerSaysWhetherItsServerSyncsEveryWrite(t *testing.T) {
 // permissions.
 func systemConn(t *testing.T, m *space.Keys, b *Broker, name string) *nats.Conn {
 	t.Helper()
-	iss, err := mint.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
+	iss, err := issue.NewIssuer(m.System.Public(), m.System.Signer, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cotal-ai/authplane/internal/core/budget"
+	"github.com/cotal-ai/authplane/internal/core/issue"
 )
 
 // The budgets of the HTTP faces, the label of authplane_http_refused_total.
@@ -61,7 +61,7 @@ func newTenantBudgets() *prometheus.CounterVec {
 		Name: "authplane_tenant_budget_refused_total",
 		Help: "Requests refused past a tenant's budget, by budget (reregistrations_instance, reregistrations_owner, new_keys_owner, connection_keys_owner, pending_registrations).",
 	}, []string{"budget"})
-	for _, b := range budget.Names {
+	for _, b := range issue.BudgetNames {
 		v.WithLabelValues(b) // every series from the start, at 0
 	}
 	return v

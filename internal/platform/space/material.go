@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
-	"github.com/cotal-ai/authplane/internal/platform/files"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -170,7 +169,7 @@ func Create(dir, space string) (*Keys, error) {
 		return m, m.write(dir)
 	}
 	parent := filepath.Dir(dir)
-	if err := files.EnsureDir(parent); err != nil {
+	if err := EnsureDir(parent); err != nil {
 		return nil, err
 	}
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-*")
@@ -275,12 +274,12 @@ func (m *Keys) write(dir string) error {
 		if name == descriptorFile {
 			continue
 		}
-		if err := files.WriteAtomic(filepath.Join(dir, name), data, files.Private); err != nil {
+		if err := WriteAtomic(filepath.Join(dir, name), data, Private); err != nil {
 			return err
 		}
 	}
 	// The descriptor last: it is what makes the directory hold material.
-	return files.WriteAtomic(filepath.Join(dir, descriptorFile), out[descriptorFile], files.Private)
+	return WriteAtomic(filepath.Join(dir, descriptorFile), out[descriptorFile], Private)
 }
 
 func (m *Keys) seeds() map[string]nkeys.KeyPair {
