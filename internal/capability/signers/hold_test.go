@@ -123,12 +123,7 @@ func TestTheRoundsEndWhenThePlaneCloses(t *testing.T) {
 		s, _, _ := newSet(t)
 		b := &stuck{resolver: resolver{account: s.Account}}
 		s.Broker = b
-		life, stop := context.WithCancel(context.Background())
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			s.Serve(life)
-		}()
+		stop, served := serving(s.Serve)
 		synctest.Wait()
 		s.Hold(userKey(t), "u_churner", time.Now().Add(time.Minute))
 		time.Sleep(2 * time.Second) // the round waits for the next second to sign

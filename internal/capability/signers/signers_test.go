@@ -607,14 +607,21 @@ func TestAnEvictionKicksWhatItListsAndCountsAKeyGoneOnlyWhenTwoListingsAgree(t *
 
 // evicting runs s's evictions until t ends, as the plane runs them until it closes.
 func evicting(t *testing.T, s *Set) *Set {
+	stop, ran := serving(s.ServeEvictions)
+	t.Cleanup(func() { stop(); <-ran })
+	return s
+}
+
+// serving runs serve on a context of its own, as the plane runs its background work until it
+// closes: stop ends that context, and done is closed once serve has returned.
+func serving(serve func(context.Context)) (stop context.CancelFunc, done <-chan struct{}) {
 	life, stop := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
-		s.ServeEvictions(life)
+		serve(life)
 	}()
-	t.Cleanup(func() { stop(); <-ran })
-	return s
+	return stop, ran
 }
 
 // The evictions' listings are the plane's: when the plane closes (ServeEvictions' context
@@ -625,12 +632,7 @@ func TestTheEvictionsListingsEndWhenThePlaneCloses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &hung{}
 		s := &Set{Broker: b}
-		life, stop := context.WithCancel(context.Background())
-		ran := make(chan struct{})
-		go func() {
-			defer close(ran)
-			s.ServeEvictions(life)
-		}()
+		stop, ran := serving(s.ServeEvictions)
 		evicted := make(chan int, 1)
 		go func() { evicted <- s.Evict(context.Background(), []string{"A"}) }()
 		synctest.Wait()
