@@ -48,6 +48,43 @@ func syncedStream(b *testing.B) jetstream.JetStream {
 	return js
 }
 
+// BenchmarkSyncedAppendSpread writes 32 records at once, as 32 concurrent renewals would, spread
+// over k streams of one replica on a broker that syncs every write. A stream syncs its messages
+// one at a time, but the file system commits the syncs of different files together: the figure
+// to compare is ns/record as k grows.
+func BenchmarkSyncedAppendSpread(b *testing.B) {
+	const n = 32
+	record := make([]byte, 512)
+	for _, k := range []int{1, 4, 8, 16} {
+		b.Run(fmt.Sprintf("streams/%d", k), func(b *testing.B) {
+			js := syncedStream(b)
+			for i := range k {
+				if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: fmt.Sprintf("s%d", i),
+					Subjects: []string{fmt.Sprintf("s%d.>", i)}, Storage: jetstream.FileStorage, MaxMsgsPerSubject: 1}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			a := store.Appender{JS: js}
+			ctx := context.Background()
+			seq := 0
+			for b.Loop() {
+				var wg sync.WaitGroup
+				for i := range n {
+					seq++
+					subject, id := fmt.Sprintf("s%d.%d", i%k, i), fmt.Sprintf("id-%d", seq)
+					wg.Go(func() {
+						if err := a.Append(ctx, subject, record, id); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+		})
+	}
+}
+
 // BenchmarkSyncedAppend compares, on a broker that syncs every write, n records written as n
 // publishes at once (what n concurrent renewals do, each its own `minted` record) against the
 // same n records as one atomic batch (which nats-server syncs once). One op is n records; the
