@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cotal-ai/authplane/integration/internal/harness"
+	"github.com/cotal-ai/authplane/service"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -176,7 +177,9 @@ func refusalCases() []refusalCase {
 // TestManagerAuthorityRefusesAndWritesNothing: every refusal has its code, carries no
 // credential, leaves every fence and every minted record as it was, and is recorded `refused`.
 func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
-	p := harness.StartPlane(t, nil)
+	// A first prepare holds its slot of the endpoint's pool until the account's next signing,
+	// about a second: a slot for each registration the owner may have under way at once.
+	p := harness.StartPlane(t, func(c *service.Config) { c.Workers = 8 })
 	env := &refusalEnv{t: t, p: p, account: p.Keys().Data.Public()}
 	harness.Grant(t, p, harness.OwnerA, "prepper", "supervise")
 	prepper := harness.CallerConn(t, p, harness.OwnerA, "prepper")
@@ -185,15 +188,28 @@ func TestManagerAuthorityRefusesAndWritesNothing(t *testing.T) {
 	if len(cases) < 30 {
 		t.Fatalf("got %d refusal conditions, want at least 30", len(cases))
 	}
+	// Every case's instance is registered first, all at once; then each case is asked alone, so
+	// that nothing but its own request can move the stores it checks.
+	var ms []*harness.ManagerKeys
+	var activate []bool
+	ctxs := make([]*refusalCtx, len(cases))
+	for i, rc := range cases {
+		ctxs[i] = &refusalCtx{m: harness.NewManagerKeys(t), account: env.account, actor: fmt.Sprintf("c%d", i)}
+		if rc.state != "" {
+			ms, activate = append(ms, ctxs[i].m), append(activate, rc.state != "prepared")
+		}
+	}
+	preps, acts := harness.RegisterAll(t, prepper, harness.OwnerA, "prepper", ms, activate)
+	for i, j := 0, 0; i < len(cases); i++ {
+		if cases[i].state != "" {
+			ctxs[i].prep, ctxs[i].act = preps[j], acts[j]
+			j++
+		}
+	}
 	for i, rc := range cases {
 		t.Run(rc.name, func(t *testing.T) {
-			c := &refusalCtx{t: t, m: harness.NewManagerKeys(t), account: env.account, actor: fmt.Sprintf("c%d", i)}
-			switch rc.state {
-			case "prepared":
-				c.prep = harness.MustMint(t, prepper, harness.OwnerA, "prepper", c.m.Body(t, "prepare", "prepper"))
-			case "activated", "frozen", "retired", "deleted":
-				c.prep, c.act = harness.Registered(t, prepper, harness.OwnerA, "prepper", c.m)
-			}
+			c := ctxs[i]
+			c.t = t
 			if rc.state == "frozen" || rc.state == "retired" || rc.state == "deleted" {
 				setGate(t, p, c.m.Iid, rc.state)
 			}
