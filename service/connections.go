@@ -43,6 +43,7 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 		Reserved:     int(cfg.ReservedConnections),
 		Backoff:      conns.DefaultBackoff,
 		Hold:         hold,
+		Grace:        conns.DefaultGrace,
 	}, cfg.Now)
 	p.metrics.Connections(func() (int, int) { c := p.conns.Counts(); return c.Tenants, c.Plane })
 	acct := p.dataAccount
@@ -64,8 +65,20 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 		return fmt.Errorf("watch the data account's connections: %w", err)
 	}
 	p.onClose("stop watching the data account's connections", stopWatch)
-	// Before the plane serves, its count is the broker's.
-	for _, k := range p.reconcile(ctx, acct) {
+	// Before the plane serves, its count is the broker's, and what it finds past a cap is closed
+	// once the ledger's grace has passed.
+	kicks := p.reconcile(ctx, acct)
+	due, next := p.conns.Due()
+	kicks = append(kicks, due...)
+	if !next.IsZero() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(next.Sub(cfg.Now())):
+		}
+		due, _ = p.conns.Due()
+		kicks = append(kicks, due...)
+	}
+	for _, k := range kicks {
 		p.kick(ctx, acct, k)
 	}
 
@@ -85,6 +98,25 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 			}
 		})
 	}
+	// A cap read past is judged when the ledger's grace has passed; its kicks go the same way.
+	p.bg.Go(func() {
+		t := time.NewTimer(0)
+		t.Stop() // armed while a cap waits out its grace
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-p.conns.Judging():
+			case <-t.C:
+			}
+			kicks, next := p.conns.Due()
+			enqueue(kicks)
+			if !next.IsZero() {
+				t.Reset(next.Sub(cfg.Now()))
+			}
+		}
+	})
 	p.bg.Go(func() {
 		t := time.NewTicker(ReconcileEvery)
 		defer t.Stop()

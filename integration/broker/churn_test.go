@@ -242,19 +242,11 @@ func TestReconnectChurnIsHeldOutAndRefusesNoOtherOwner(t *testing.T) {
 			t.Errorf("owner A holds %d connections older than %s, past its cap of 20", n, life)
 		}
 		time.Sleep(100 * time.Millisecond) // owner B at work, not a flood
+		// B is at 19 of its cap of 20 and opens the next three at once: their connects can reach
+		// the plane before these disconnects, which the ledger's grace waits out.
 		for _, nc := range opened {
 			nc.Close()
 		}
-		// B is at 19 of its cap of 20: it opens the next three once the plane has heard its
-		// three close. (Opened at once, the connects can reach the plane before the
-		// disconnects, and the ledger reads B over its cap for that moment and kicks one: a
-		// defect of the ledger's, not of A's churn; docs/OPERATIONS.md, "Connections".)
-		testkit.CheckFor(t, testkit.Stretched(5*time.Second), 10*time.Millisecond, func() error {
-			if n := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_data_connections", map[string]string{"who": "tenants"}); n > 16 {
-				return fmt.Errorf("the plane counts %v tenants' connections, want B's 16 steady ones", n)
-			}
-			return nil
-		})
 	}
 	stopChurn()
 	if refused > 0 {

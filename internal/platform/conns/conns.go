@@ -57,6 +57,10 @@ type Budgets struct {
 	// kicked connections take the account's slots until their kicks land, and only the data
 	// account's JWT can refuse it before it takes one (0: never).
 	Hold time.Duration
+	// Grace is how long a count past a principal's or an owner's cap waits to be judged (0:
+	// not at all): a disconnect event can come after the next connect event, and a client at
+	// its cap that closes a connection and opens another is then read one over it.
+	Grace time.Duration
 }
 
 // ChurnKicks is how many connections of one JWT user's key the ledger kicks in its back-off
@@ -137,6 +141,9 @@ type Ledger struct {
 	// churn, by JWT user key, its connections kicked in a back-off.
 	backoff map[string]time.Time
 	churn   map[string]churned
+	// due holds when each cap read past is to be judged; wake tells Judging's reader.
+	due  map[judged]time.Time
+	wake chan struct{}
 	// pending, oldest first (every slot waits PendingFor), and per principal.
 	pending      []*pending
 	pendingOf    map[string][]*pending
@@ -151,7 +158,8 @@ func New(b Budgets, now func() time.Time) *Ledger {
 	}
 	return &Ledger{budgets: b, now: now, conns: map[key]*conn{}, holders: map[string]*holder{}, owners: map[string]*owned{},
 		plane: map[key]time.Time{}, gone: map[key]time.Time{}, pendingOf: map[string][]*pending{}, pendingOwner: map[string]int{},
-		backoff: map[string]time.Time{}, churn: map[string]churned{}}
+		backoff: map[string]time.Time{}, churn: map[string]churned{},
+		due: map[judged]time.Time{}, wake: make(chan struct{}, 1)}
 }
 
 // Kick is a connection to close and the budget it is past. A non-zero HoldUntil asks for its
@@ -185,9 +193,10 @@ func (l *Ledger) count(h *holder, d int) {
 	l.capped += min(o.capped, l.budgets.PerOwner) - ownerBefore
 }
 
-// Connected records a connection from its connect event and returns what to kick: the
-// principal's newest past its cap, its owner's newest past the owner's, or this one past the
-// tenants' budget.
+// Connected records a connection from its connect event and returns what to kick: this one in
+// its principal's or owner's back-off, or past the tenants' budget; and, with no Grace, the
+// principal's newest past its cap and its owner's newest past the owner's. With a Grace those
+// caps are judged when it has passed (Due).
 func (l *Ledger) Connected(c broker.Connection) []Kick {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -211,9 +220,11 @@ func (l *Ledger) Connected(c broker.Connection) []Kick {
 		l.setKicked(l.conns[k], true)
 		return []Kick{{Connection: c, Budget: BudgetBackoff, HoldUntil: l.churning(c, now)}}
 	}
-	kicks := l.enforce(c.Principal)
-	kicks = append(kicks, l.enforceOwner(l.holders[c.Principal].owner)...)
-	if nc := l.conns[k]; len(kicks) == 0 && !nc.kicked && l.capped > l.budgets.Tenants {
+	h := l.holders[c.Principal]
+	over := h.live > l.budgets.PerPrincipal || h.owner.capped > l.budgets.PerOwner
+	kicks := l.judgePrincipal(c.Principal, now)
+	kicks = append(kicks, l.judgeOwner(h.owner, now)...)
+	if nc := l.conns[k]; !over && !nc.kicked && l.capped > l.budgets.Tenants {
 		l.setKicked(nc, true)
 		kicks = append(kicks, Kick{Connection: c, Budget: BudgetTenants})
 	}
@@ -338,8 +349,9 @@ func (l *Ledger) KickFailed(c broker.Connection) {
 }
 
 // Reconcile puts the ledger right with a listing of the account's connections asked for at
-// asked, and returns what to kick: every principal's newest past its cap, every owner's newest
-// past its cap, then the newest tenants' past their budget. A connection the ledger learnt of
+// asked, and returns what to kick: every principal's newest past its cap and every owner's
+// newest past its cap (or, with a Grace, those caps judged when it has passed: Due), then the
+// newest tenants' past their budget. A connection the ledger learnt of
 // before asked that the listing lacks is gone (its disconnect event was lost, or its server
 // went); one the listing has that the ledger lacks is added unless its disconnect was heard;
 // one kicked before asked that is still listed is kicked again.
@@ -390,10 +402,10 @@ func (l *Ledger) Reconcile(asked time.Time, listed []broker.Connection) []Kick {
 	}
 	var kicks []Kick
 	for p := range l.holders {
-		kicks = append(kicks, l.enforce(p)...)
+		kicks = append(kicks, l.judgePrincipal(p, now)...)
 	}
 	for _, o := range l.owners {
-		kicks = append(kicks, l.enforceOwner(o)...)
+		kicks = append(kicks, l.judgeOwner(o, now)...)
 	}
 	if l.capped > l.budgets.Tenants {
 		var all []*conn

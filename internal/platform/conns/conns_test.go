@@ -383,3 +383,90 @@ func TestAKeyThatKeepsConnectingInItsBackoffIsHeldOut(t *testing.T) {
 		}
 	}
 }
+
+// A cap read past is judged when the grace has passed: a client at its cap that closed a
+// connection and opened another, its disconnect event heard after the connect, is neither
+// kicked nor backed off, as principal or as owner; a connection still past a cap then is
+// kicked, the newest, and its principal or owner backs off. Judged at once, the late
+// disconnect's client was kicked and kept out for the back-off although it never held more
+// than its cap.
+func TestACapIsJudgedWhenTheGraceHasPassed(t *testing.T) {
+	const grace = 250 * time.Millisecond
+	c := &clock{now: t0}
+	b := Budgets{PerPrincipal: 2, PerOwner: 3, Tenants: 20, Reserved: 2, Backoff: 10 * time.Second, Grace: grace}
+	l := New(b, c.Now)
+	want := func(what string, got, want []string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: got kicks %v, want %v", what, got, want)
+		}
+	}
+	due := func(what string, kicks []string, next time.Time) {
+		t.Helper()
+		got, gotNext := l.Due()
+		want(what, cids(got), kicks)
+		if !gotNext.Equal(next) {
+			t.Fatalf("%s: next judged at %v, want %v", what, gotNext, next)
+		}
+	}
+	admit := func(p string) error {
+		release, err := l.Admit(p)
+		if err == nil {
+			release()
+		}
+		return err
+	}
+	woken := func(what string) {
+		t.Helper()
+		select {
+		case <-l.Judging():
+		default:
+			t.Fatalf("%s: no cap to judge signalled", what)
+		}
+	}
+
+	// p.a at its cap of 2 replaces #1 with #3: #3's connect is heard first.
+	want("p.a#1", cids(l.Connected(jwtConn("p.a", 1))), nil)
+	want("p.a#2", cids(l.Connected(jwtConn("p.a", 2))), nil)
+	want("p.a#3, read past p.a's cap", cids(l.Connected(jwtConn("p.a", 3))), nil)
+	woken("p.a#3")
+	c.now = c.now.Add(grace / 2)
+	l.Disconnected("s1", 1)
+	c.now = c.now.Add(grace / 2)
+	due("p.a when the grace has passed", nil, time.Time{})
+	if err := admit("p.a"); !errors.Is(err, ErrPrincipalFull) {
+		t.Fatalf("p.a at its cap after a late disconnect: got %v, want ErrPrincipalFull, not a back-off", err)
+	}
+
+	// o at its cap of 3 (o.a, o.b, o.c) replaces o.b#5 with o.d#7.
+	for _, cid := range []uint64{4, 5, 6} {
+		l.Connected(jwtConn("o."+string(rune('a'+cid-4)), cid))
+	}
+	want("o.d#7, read past o's cap", cids(l.Connected(jwtConn("o.d", 7))), nil)
+	woken("o.d#7")
+	c.now = c.now.Add(grace - time.Millisecond)
+	l.Disconnected("s1", 5)
+	c.now = c.now.Add(time.Millisecond)
+	due("o when the grace has passed", nil, time.Time{})
+	if err := admit("o.e"); !errors.Is(err, ErrOwnerFull) {
+		t.Fatalf("o at its cap after a late disconnect: got %v, want ErrOwnerFull, not a back-off", err)
+	}
+
+	// A real excess, of a principal and of an owner, is kicked once the grace has passed, not
+	// before, and backs off.
+	judged := c.now.Add(grace)
+	want("p.a#8, past p.a's cap", cids(l.Connected(jwtConn("p.a", 8))), nil)
+	want("o.b#9, past o's cap", cids(l.Connected(jwtConn("o.b", 9))), nil)
+	c.now = c.now.Add(grace - time.Millisecond)
+	due("within the grace", nil, judged)
+	c.now = judged
+	due("the grace passed", []string{"p.a#8:principal", "o.b#9:owner"}, time.Time{})
+	for _, p := range []string{"p.a", "o.e"} {
+		if err := admit(p); !errors.Is(err, ErrBackingOff) {
+			t.Errorf("%s after its kick: got %v, want ErrBackingOff", p, err)
+		}
+	}
+	if got := l.Counts().Tenants; got != 5 {
+		t.Fatalf("tenants: got %d, want p.a's 2 and o's 3", got)
+	}
+}
