@@ -37,7 +37,7 @@ func calloutConn(principal string, cid uint64) broker.Connection {
 func cids(kicks []Kick) []string {
 	var out []string
 	for _, k := range kicks {
-		out = append(out, k.Principal+"#"+string(rune('0'+k.CID))+":"+k.Budget)
+		out = append(out, k.Principal+"#"+strconv.FormatUint(k.CID, 10)+":"+k.Budget)
 	}
 	return out
 }
@@ -469,4 +469,12 @@ func TestACapIsJudgedWhenTheGraceHasPassed(t *testing.T) {
 	if got := l.Counts().Tenants; got != 5 {
 		t.Fatalf("tenants: got %d, want p.a's 2 and o's 3", got)
 	}
+
+	// A listing that finds a principal past its cap waits the grace too.
+	c.now = c.now.Add(time.Second)
+	listed := []broker.Connection{jwtConn("p.a", 2), jwtConn("p.a", 3), jwtConn("o.a", 4), jwtConn("o.c", 6),
+		jwtConn("o.d", 7), jwtConn("q.a", 10), jwtConn("q.a", 11), jwtConn("q.a", 12)}
+	want("a listing with q.a past its cap", cids(l.Reconcile(c.now, listed)), nil)
+	c.now = c.now.Add(grace)
+	due("the listing's grace passed", []string{"q.a#12:principal"}, time.Time{})
 }
