@@ -57,9 +57,10 @@ type Budgets struct {
 	// kicked connections take the account's slots until their kicks land, and only the data
 	// account's JWT can refuse it before it takes one (0: never).
 	Hold time.Duration
-	// Grace is how long a count past a principal's or an owner's cap waits to be judged (0:
-	// not at all): a disconnect event can come after the next connect event, and a client at
-	// its cap that closes a connection and opens another is then read one over it.
+	// Grace is how long a count past a principal's or an owner's cap waits to be judged while
+	// the tenants' share has room (0: not at all): a disconnect event can come after the next
+	// connect event, and a client at its cap that closes a connection and opens another is
+	// then read one over it.
 	Grace time.Duration
 }
 

@@ -478,3 +478,23 @@ func TestACapIsJudgedWhenTheGraceHasPassed(t *testing.T) {
 	c.now = c.now.Add(grace)
 	due("the listing's grace passed", []string{"q.a#12:principal"}, time.Time{})
 }
+
+// A count past a cap is judged at once when the ledger's connections, the excess with them,
+// fill the tenants' share: an excess let wait the grace would take another tenant's room in
+// the account, or the plane's.
+func TestACapPastWhenTheTenantsShareIsFullIsJudgedAtOnce(t *testing.T) {
+	c := &clock{now: t0}
+	l := New(Budgets{PerPrincipal: 2, Tenants: 5, Reserved: 2, Backoff: 10 * time.Second, Grace: time.Second}, c.Now)
+	for _, conn := range []broker.Connection{jwtConn("p.a", 1), jwtConn("p.a", 2), jwtConn("q.a", 3)} {
+		l.Connected(conn)
+	}
+	if got := cids(l.Connected(jwtConn("p.a", 4))); got != nil {
+		t.Fatalf("p.a#4, past p.a's cap with room in the share: got kicks %v, want none yet", got)
+	}
+	if got := cids(l.Connected(jwtConn("p.a", 5))); !slices.Equal(got, []string{"p.a#5:principal", "p.a#4:principal"}) {
+		t.Fatalf("p.a#5, its excess filling the share: got kicks %v, want p.a's two past its cap", got)
+	}
+	if _, err := l.Admit("p.a"); !errors.Is(err, ErrBackingOff) {
+		t.Fatalf("p.a after its kicks: got %v, want ErrBackingOff", err)
+	}
+}

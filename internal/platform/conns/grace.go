@@ -19,13 +19,14 @@ type judged struct {
 }
 
 // judgePrincipal returns principal's newest connections past its cap to kick at once when the
-// ledger has no grace; else it judges the cap when the grace has passed (Due), the first time
-// the count reads it past since it was last judged.
+// ledger has no grace, or when its connections fill the tenants' share (atOnce); else it judges
+// the cap when the grace has passed (Due), the first time the count reads it past since it was
+// last judged.
 func (l *Ledger) judgePrincipal(principal string, now time.Time) []Kick {
 	if l.holders[principal].live <= l.budgets.PerPrincipal {
 		return nil
 	}
-	if l.budgets.Grace <= 0 {
+	if l.atOnce() {
 		return l.enforce(principal)
 	}
 	l.judgeAt(judged{name: principal}, now)
@@ -37,11 +38,19 @@ func (l *Ledger) judgeOwner(o *owned, now time.Time) []Kick {
 	if o.capped <= l.budgets.PerOwner {
 		return nil
 	}
-	if l.budgets.Grace <= 0 {
+	if l.atOnce() {
 		return l.enforceOwner(o)
 	}
 	l.judgeAt(judged{name: o.name, owner: true}, now)
 	return nil
+}
+
+// atOnce reports whether a cap read past is judged at once: the ledger has no grace, or its
+// connections (every excess, those kicked and not yet gone, and the callout's slots) fill the
+// tenants' share. An excess let wait then would take the room of another tenant, whose
+// connect the broker would refuse, or of the plane's own.
+func (l *Ledger) atOnce() bool {
+	return l.budgets.Grace <= 0 || len(l.conns)+l.nPending >= l.budgets.Tenants
 }
 
 // judgeAt has j judged a grace from now, unless it is already to be, and wakes Due's caller.
