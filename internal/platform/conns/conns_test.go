@@ -498,3 +498,39 @@ func TestACapPastWhenTheTenantsShareIsFullIsJudgedAtOnce(t *testing.T) {
 		t.Fatalf("p.a after its kicks: got %v, want ErrBackingOff", err)
 	}
 }
+
+// A key's connections past its cap judged together when the grace has passed count towards its
+// hold as they would have judged one by one: the oldest starts the back-off, and each of the
+// others is a kick in it. So a client that opened eleven connections at once past a cap of one
+// is held at its next connection, as it was with no grace.
+func TestAnExcessJudgedTogetherCountsTowardsAHold(t *testing.T) {
+	c := &clock{now: t0}
+	b := Budgets{PerPrincipal: 1, Tenants: 1000, Reserved: 2, Backoff: 10 * time.Second, Hold: time.Minute,
+		Grace: time.Second}
+	l := New(b, c.Now)
+	conn := func(cid uint64) broker.Connection {
+		x := jwtConn("o.a", cid)
+		x.User = "UA"
+		return x
+	}
+	for cid := uint64(1); cid <= 11; cid++ {
+		if got := cids(l.Connected(conn(cid))); got != nil {
+			t.Fatalf("o.a#%d in the grace: got kicks %v, want none yet", cid, got)
+		}
+	}
+	c.now = c.now.Add(time.Second)
+	kicks, _ := l.Due()
+	if len(kicks) != 10 {
+		t.Fatalf("the grace passed: got kicks %v, want o.a's 10 past its cap", cids(kicks))
+	}
+	for _, k := range kicks {
+		if !k.HoldUntil.IsZero() {
+			t.Fatalf("kick %v asked for a hold: %d of the 10 count, the oldest starting the back-off",
+				cids([]Kick{k}), ChurnKicks-1)
+		}
+	}
+	kicks = l.Connected(conn(12))
+	if len(kicks) != 1 || kicks[0].Budget != BudgetBackoff || !kicks[0].HoldUntil.Equal(c.now.Add(time.Minute)) {
+		t.Fatalf("o.a#12 in the back-off: got %+v, want it kicked and its key held until %v", kicks, c.now.Add(time.Minute))
+	}
+}

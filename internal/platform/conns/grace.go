@@ -96,13 +96,24 @@ func (l *Ledger) Due() (kicks []Kick, next time.Time) {
 	slices.Sort(owners)
 	for _, p := range principals {
 		if l.holders[p] != nil {
-			kicks = append(kicks, l.enforce(p)...)
+			kicks = append(kicks, l.churned(l.enforce(p), now)...)
 		}
 	}
 	for _, name := range owners {
 		if o := l.owners[name]; o != nil {
-			kicks = append(kicks, l.enforceOwner(o)...)
+			kicks = append(kicks, l.churned(l.enforceOwner(o), now)...)
 		}
 	}
 	return kicks, next
+}
+
+// churned counts kicks, one cap's excess judged together (newest first), towards their keys'
+// holds as a kick in the back-off counts, all but the oldest: judged one by one, the oldest
+// would have started the back-off and each of the others been kicked in it. So a client that
+// opened many connections past its cap in the grace is held as soon as it was before.
+func (l *Ledger) churned(kicks []Kick, now time.Time) []Kick {
+	for i := range len(kicks) - 1 {
+		kicks[i].HoldUntil = l.churning(kicks[i].Connection, now)
+	}
+	return kicks
 }
