@@ -531,6 +531,7 @@ func TestAnExcessJudgedTogetherCountsTowardsAHold(t *testing.T) {
 	}
 	kicks = l.Connected(conn(12))
 	if len(kicks) != 1 || kicks[0].Budget != BudgetBackoff || !kicks[0].HoldUntil.Equal(c.now.Add(time.Minute)) {
-		t.Fatalf("o.a#12 in the back-off: got %+v, want it kicked and its key held until %v", kicks, c.now.Add(time.Minute))
+		t.Fatalf("o.a#12 in the back-off: got %+v, want it kicked and its key held until %v",
+			kicks, c.now.Add(time.Minute))
 	}
 }
