@@ -79,6 +79,9 @@ func (p *Plane) watchConnections(ctx context.Context) error {
 		kicks = append(kicks, due...)
 	}
 	for _, k := range kicks {
+		if !k.HoldUntil.IsZero() {
+			p.hold(k)
+		}
 		p.kick(ctx, acct, k)
 	}
 
