@@ -54,7 +54,6 @@ func syncedStream(b *testing.B) jetstream.JetStream {
 // to compare is ns/record as k grows.
 func BenchmarkSyncedAppendSpread(b *testing.B) {
 	const n = 32
-	record := make([]byte, 512)
 	for _, k := range []int{1, 4, 8, 16} {
 		b.Run(fmt.Sprintf("streams/%d", k), func(b *testing.B) {
 			js := syncedStream(b)
@@ -64,25 +63,32 @@ func BenchmarkSyncedAppendSpread(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			a := store.Appender{JS: js}
-			ctx := context.Background()
-			seq := 0
-			for b.Loop() {
-				var wg sync.WaitGroup
-				for i := range n {
-					seq++
-					subject, id := fmt.Sprintf("s%d.%d", i%k, i), fmt.Sprintf("id-%d", seq)
-					wg.Go(func() {
-						if err := a.Append(ctx, subject, record, id); err != nil {
-							b.Error(err)
-						}
-					})
-				}
-				wg.Wait()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+			appendAtOnce(b, js, n, func(i int) string { return fmt.Sprintf("s%d.%d", i%k, i) })
 		})
 	}
+}
+
+// appendAtOnce runs b's loop, each op n records of 512 bytes published at once, record i on
+// subject(i), and reports ns/record.
+func appendAtOnce(b *testing.B, js jetstream.JetStream, n int, subject func(i int) string) {
+	record := make([]byte, 512)
+	a := store.Appender{JS: js}
+	ctx := context.Background()
+	seq := 0
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for i := range n {
+			seq++
+			subject, id := subject(i), fmt.Sprintf("id-%d", seq)
+			wg.Go(func() {
+				if err := a.Append(ctx, subject, record, id); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
 }
 
 // BenchmarkSyncedAppend compares, on a broker that syncs every write, n records written as n
@@ -93,24 +99,7 @@ func BenchmarkSyncedAppend(b *testing.B) {
 	record := make([]byte, 512)
 	for _, n := range []int{1, 8, 32} {
 		b.Run(fmt.Sprintf("single/%d", n), func(b *testing.B) {
-			js := syncedStream(b)
-			a := store.Appender{JS: js}
-			ctx := context.Background()
-			seq := 0
-			for b.Loop() {
-				var wg sync.WaitGroup
-				for i := range n {
-					seq++
-					subject, id := fmt.Sprintf("m.%d", i), fmt.Sprintf("id-%d", seq)
-					wg.Go(func() {
-						if err := a.Append(ctx, subject, record, id); err != nil {
-							b.Error(err)
-						}
-					})
-				}
-				wg.Wait()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+			appendAtOnce(b, syncedStream(b), n, func(i int) string { return fmt.Sprintf("m.%d", i) })
 		})
 		b.Run(fmt.Sprintf("batch/%d", n), func(b *testing.B) {
 			js := syncedStream(b)
