@@ -5,7 +5,7 @@
 // writer changes the row it writes, so no credential commits after a fence that forbids it.
 // Manager authority, runs, the supervisor and the HTTP doors only build plans and shape replies.
 // What a plan commits on and spends lives here too: the endpoint gate (gate.go), the claims on
-// nkeys (claim.go), the tenants' budgets (budget.go, stored.go) and the signer (mint.go).
+// nkeys (claim.go), the tenants' budgets (buckets.go, stored.go) and the signer (mint.go).
 package issue
 
 import (
