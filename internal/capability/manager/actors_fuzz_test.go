@@ -13,7 +13,7 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// FuzzRow checks the ledger row's decoder (the parse ActorOf gives the fence) on any stored bytes,
+// FuzzActorRow checks the ledger row's decoder (the parse ActorOf gives the fence) on any stored bytes,
 // read as ReadActor reads it: a row that does not parse is ErrMalformed and the zero row, not
 // found; a row that parses is a version 1 row of this principal, and written back as the fence
 // writes it (marshalled) it parses again to the same bytes.

@@ -83,7 +83,7 @@ func (s *StoredBudget) Take(ctx context.Context, name string, n int) (bool, erro
 	return short < 0, err
 }
 
-// Want is n tokens of name's bucket of a StoredBudget budget.
+// Want is n tokens of name's bucket of a stored budget.
 type Want struct {
 	From *StoredBudget
 	Name string
