@@ -199,21 +199,24 @@ type Watcher interface {
 }
 
 // Watch blocks until the plane's gate g moves past this registration (a newer epoch, another
-// state, a delete) and then returns ErrFenced; it returns nil when ctx ends first. A signal on
-// rewatch (the connection came back: the watch's consumer may be gone with the broker) starts
-// the watch again, from the gate as it is then, retrying until the store answers: an epoch that
-// moved meanwhile fences at once.
+// state, a delete) and then returns ErrFenced; it returns nil when ctx ends first. A watch the
+// store cannot start yet (its stream still electing a leader, as after a cluster lost power) is
+// retried until the store answers, and so is one a signal on rewatch starts again (the
+// connection came back: the watch's consumer may be gone with the broker); each starts from the
+// gate as it is then, so an epoch that moved meanwhile fences at once.
 func Watch(ctx context.Context, kv Watcher, g *issue.Gate, rewatch <-chan struct{}) error {
-	err := watch(ctx, kv, g, rewatch)
-	for attempt := 0; errors.Is(err, errRewatch); attempt++ {
-		if err = watch(ctx, kv, g, rewatch); errors.Is(err, errNoWatch) {
+	for attempt := 0; ; attempt++ {
+		err := watch(ctx, kv, g, rewatch)
+		switch {
+		case errors.Is(err, errRewatch):
+		case errors.Is(err, errNoWatch):
 			if perr := store.Pause(ctx, attempt); perr != nil {
 				return nil
 			}
-			err = errRewatch
+		default:
+			return err
 		}
 	}
-	return err
 }
 
 var (

@@ -3,6 +3,7 @@ package instance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,6 +151,44 @@ func (f *flakyWatcher) Watch(ctx context.Context, key string) (jetstream.KeyWatc
 		return nil, errors.New("jetstream not ready")
 	}
 	return f.KV.Watch(ctx, key)
+}
+
+// A first watch the store cannot start yet (a stream still electing its leader after the
+// cluster lost power) is retried, not taken for a fence: the plane stopped on it once, in a
+// power-cut test under load. The watch, once it starts, still fences on a newer registration.
+func TestAFirstWatchTheStoreCannotStartYetIsRetried(t *testing.T) {
+	kv := &flakyWatcher{KV: testkit.NewKV()}
+	kv.watches.Store(1) // no deaf first watch: the first one fails
+	kv.fail.Store(3)
+	iid := subjects.NewUID()
+	g, err := Register(ctx(t), kv, iid, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- Watch(ctx(t), kv, g, nil) }()
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := kv.watches.Load(); n < 5 {
+			return fmt.Errorf("%d watches asked for, want three that could not start and one that did", n-1)
+		}
+		return nil
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Watch returned %v while the gate had not moved", err)
+	default:
+	}
+	if _, err := Register(ctx(t), kv, iid, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrFenced) {
+			t.Fatalf("got %v, want ErrFenced", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the watch that started did not fence")
+	}
 }
 
 // deafWatcher ends its initial values and then hears nothing.
