@@ -85,14 +85,7 @@ func TestWatchReturnsErrFencedWhenANewerRegistrationLands(t *testing.T) {
 	if _, err := Register(ctx(t), kv, iid, false); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrFenced) {
-			t.Fatalf("got %v, want ErrFenced", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("the watch did not see the newer registration")
-	}
+	wantFenced(t, done, "the watch did not see the newer registration")
 }
 
 func TestWatchFencesOnADeleteAndEndsQuietlyWithItsContext(t *testing.T) {
@@ -181,13 +174,20 @@ func TestAFirstWatchTheStoreCannotStartYetIsRetried(t *testing.T) {
 	if _, err := Register(ctx(t), kv, iid, false); err != nil {
 		t.Fatal(err)
 	}
+	wantFenced(t, done, "the watch that started did not fence")
+}
+
+// wantFenced fails t unless a Watch's outcome on done is ErrFenced within 2 s; late says what
+// did not happen.
+func wantFenced(t *testing.T, done <-chan error, late string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrFenced) {
 			t.Fatalf("got %v, want ErrFenced", err)
 		}
 	case <-time.After(2 * time.Second):
-		t.Fatal("the watch that started did not fence")
+		t.Fatal(late)
 	}
 }
 
@@ -220,14 +220,7 @@ func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	rewatch <- struct{}{}
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrFenced) {
-			t.Fatalf("got %v, want ErrFenced", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("the restarted watch did not fence")
-	}
+	wantFenced(t, done, "the restarted watch did not fence")
 	if n := kv.watches.Load(); n != 5 {
 		t.Errorf("got %d watches, want the deaf one, three that could not start, and the one that fenced", n)
 	}
