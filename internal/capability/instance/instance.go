@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,9 +32,6 @@ type Lock struct{ f *os.File }
 // ErrLocked means another process holds the state directory.
 var ErrLocked = errors.New("state dir in use")
 
-// ownLockWait bounds how long Acquire waits for a lock this process itself released.
-const ownLockWait = 2 * time.Second
-
 // Acquire takes the lock on dir (creating dir if needed) and records this process's pid in it.
 // If another process holds it, the error names that process's pid.
 func Acquire(dir string) (*Lock, error) {
@@ -47,22 +43,12 @@ func Acquire(dir string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state dir %s cannot hold its lock: %w", dir, err)
 	}
-	// A lock this process released a moment ago can still be held by a child being forked
-	// (a flock belongs to the open file, which the child shares until its exec closes it): a
-	// plane started again in the same process waits that out, up to ownLockWait.
-	for waited := time.Duration(0); ; waited += 10 * time.Millisecond {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder := "unknown"
 		if pid, rerr := os.ReadFile(path); rerr == nil && len(pid) > 0 {
 			holder = strings.TrimSpace(string(pid))
 		}
-		if holder != strconv.Itoa(os.Getpid()) || waited >= ownLockWait {
-			return nil, errors.Join(fmt.Errorf("%w: state dir %s in use by pid %s", ErrLocked, dir, holder), f.Close())
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil, errors.Join(fmt.Errorf("%w: state dir %s in use by pid %s", ErrLocked, dir, holder), f.Close())
 	}
 	if err := f.Truncate(0); err != nil {
 		return nil, errors.Join(err, f.Close())
@@ -103,7 +89,12 @@ func Holder(dir string) (pid int, held bool, err error) {
 }
 
 // Release drops the lock.
-func (l *Lock) Release() error { return l.f.Close() }
+func (l *Lock) Release() error {
+	// Unlock, then close: a flock belongs to the open file, which a child being forked at this
+	// moment shares until its exec closes it, and closing this descriptor alone would leave the
+	// lock held by that copy (a plane started again in this process was then refused).
+	return errors.Join(syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN), l.f.Close())
+}
 
 // Identity is the plane's persisted instance identity (`identity.json` in the state dir, 0600).
 type Identity struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,5 +224,39 @@ func TestARewatchStartsTheWatchAgainAndSeesWhatMovedMeanwhile(t *testing.T) {
 	wantFenced(t, done, "the restarted watch did not fence")
 	if n := kv.watches.Load(); n != 5 {
 		t.Errorf("got %d watches, want the deaf one, three that could not start, and the one that fenced", n)
+	}
+}
+
+// A released lock is free at once, even while another descriptor of its open file lives on, as
+// in a child forked at that moment until its exec: Release unlocks before it closes. Closing
+// alone left the lock to that copy, and a plane started again in this process was refused.
+func TestAReleasedLockIsFreeWhileACopyOfItsFileLivesOn(t *testing.T) {
+	dir := t.TempDir()
+	lock, err := Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := syscall.Dup(int(lock.f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(child)
+	if err := lock.Release(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Acquire(dir)
+	if err != nil {
+		t.Fatalf("acquire after release, a copy of the file still open: %v", err)
+	}
+	if err := again.Release(); err != nil {
+		t.Fatal(err)
+	}
+	held, err := Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	if _, err := Acquire(dir); !errors.Is(err, ErrLocked) {
+		t.Fatalf("acquire of a held lock: got %v, want ErrLocked", err)
 	}
 }
