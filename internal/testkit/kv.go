@@ -231,6 +231,8 @@ type Stream struct {
 
 	// Fault, when set, runs before every append under the stream's lock, like KV.Fault.
 	Fault func(subject string) (err error, lands bool)
+	// Now, when set, is the clock that stamps each append (time.Now otherwise).
+	Now func() time.Time
 }
 
 // Msg is one appended record.
@@ -238,6 +240,7 @@ type Msg struct {
 	Subject string
 	Data    []byte
 	ID      string
+	At      time.Time
 }
 
 // NewStream returns an empty stream.
@@ -256,7 +259,7 @@ func (s *Stream) Append(ctx context.Context, subject string, data []byte, msgID 
 		injected, lands = s.Fault(subject)
 	}
 	if lands && (msgID == "" || !s.ids[msgID]) {
-		s.msgs = append(s.msgs, Msg{Subject: subject, Data: append([]byte(nil), data...), ID: msgID})
+		s.msgs = append(s.msgs, Msg{Subject: subject, Data: append([]byte(nil), data...), ID: msgID, At: s.now()})
 		if msgID != "" {
 			s.ids[msgID] = true
 		}
@@ -286,6 +289,29 @@ func (s *Stream) Last(ctx context.Context, stream, filter string) ([]store.Recor
 		}
 	}
 	return out, nil
+}
+
+func (s *Stream) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// LastOn returns the last record on subject, stamped with the time it was appended. The
+// stream is one for every subject, so the stream name is not looked at.
+func (s *Stream) LastOn(ctx context.Context, stream, subject string) (store.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Record{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range slices.Backward(s.msgs) {
+		if m.Subject == subject {
+			return store.Record{Subject: m.Subject, Data: m.Data, Time: m.At}, true, nil
+		}
+	}
+	return store.Record{}, false, nil
 }
 
 // Matches reports whether subject matches the NATS subject filter.

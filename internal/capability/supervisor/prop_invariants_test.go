@@ -13,6 +13,7 @@ import (
 	"github.com/cotal-ai/authplane/internal/capability/supervisor"
 	"github.com/cotal-ai/authplane/internal/core/audit"
 	"github.com/cotal-ai/authplane/internal/core/issue"
+	"github.com/cotal-ai/authplane/internal/core/store"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -50,13 +51,21 @@ type storedRunFence struct {
 	Revoked      bool   `json:"revoked"`
 }
 
+// onRecord is one credential a minted record names, and the latest expiry the record stands
+// for by the time the stream stored it (audit.Writer.Minted: a renewal of the same keys
+// writes no record while one stands for it).
+type onRecord struct {
+	audit.Credential
+	stays int64
+}
+
 // readRecords reads the record stream: the minted records by instance and key (a record of a
 // mint counted under each key it names), and the
 // `ended` records. What it parsed once it keeps (the stream only grows).
-func (w *world) readRecords() (minted map[string]map[string][]audit.Credential, ended []audit.Decision, bad []string) {
+func (w *world) readRecords() (minted map[string]map[string][]onRecord, ended []audit.Decision, bad []string) {
 	c := &w.parsed
 	if c.minted == nil {
-		c.minted = map[string]map[string][]audit.Credential{}
+		c.minted = map[string]map[string][]onRecord{}
 	}
 	mintedPrefix := "cotal." + testSpace + ".minted."
 	endedPrefix := strings.TrimSuffix(subjects.AuditSubject(testSpace, audit.Ended, "", ""), "..") + "."
@@ -70,10 +79,11 @@ func (w *world) readRecords() (minted map[string]map[string][]audit.Credential, 
 				continue
 			}
 			if c.minted[iid] == nil {
-				c.minted[iid] = map[string][]audit.Credential{}
+				c.minted[iid] = map[string][]onRecord{}
 			}
+			stays := msg.At.Add(store.MintedMaxAge - audit.RecordMargin).Unix()
 			for _, cred := range m.Credentials {
-				c.minted[iid][cred.NKey] = append(c.minted[iid][cred.NKey], cred)
+				c.minted[iid][cred.NKey] = append(c.minted[iid][cred.NKey], onRecord{cred, stays})
 			}
 		} else if strings.HasPrefix(msg.Subject, endedPrefix) {
 			var d audit.Decision
@@ -100,7 +110,7 @@ func credentialKeys(creds []audit.Credential) []string {
 // parsed is what the checks parsed of the stores so far.
 type parsed struct {
 	n      int // records parsed
-	minted map[string]map[string][]audit.Credential
+	minted map[string]map[string][]onRecord
 	ended  []audit.Decision
 	bad    []string
 	gates  map[uint64]issue.GateRow // by revision
@@ -217,10 +227,11 @@ func (w *world) check(t failer, when int) {
 		}
 	}
 
-	// Every credential handed out has its minted record under its own instance.
+	// Every credential handed out has a minted record under its own instance that names it
+	// and stays in the stream past its expiry.
 	for _, h := range handed {
 		for _, c := range h.creds {
-			if !slices.ContainsFunc(minted[h.iid][c.key], func(r audit.Credential) bool { return r.Duty == c.duty && r.Exp == c.exp }) {
+			if !slices.ContainsFunc(minted[h.iid][c.key], func(r onRecord) bool { return r.Duty == c.duty && r.stays >= c.exp }) {
 				fail("minted: %s of %s handed out the %s credential of %s (exp %d) with no minted record of it under %s (records: %v)",
 					h.what, h.iid, c.duty, c.key, c.exp, h.iid, minted[h.iid][c.key])
 			}

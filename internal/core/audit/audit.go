@@ -19,10 +19,12 @@ import (
 
 // Stream is the plane's record streams, as the writer uses them: Append appends one record and
 // waits for its ack (a non-empty msgID makes a repeat of the same append idempotent); Last reads
-// back the last record of each subject of a stream that matches a filter.
+// back the last record of each subject of a stream that matches a filter; LastOn the last
+// record on one subject, with the time the stream stored it.
 type Stream interface {
 	Append(ctx context.Context, subject string, data []byte, msgID string) error
 	Last(ctx context.Context, stream, filter string) ([]store.Record, error)
+	LastOn(ctx context.Context, stream, subject string) (r store.Record, found bool, err error)
 }
 
 // Writer writes decisions.
@@ -38,6 +40,9 @@ type Writer struct {
 	out   Stream
 	log   *slog.Logger
 	now   func() time.Time
+
+	// standing is the `minted` records this writer wrote or read, for a short while.
+	standing standing
 
 	// windows are the budgets of the minute, one per owner and decision.
 	mu      sync.Mutex

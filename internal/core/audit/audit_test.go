@@ -25,6 +25,7 @@ func (c *clock) now() time.Time { return c.t }
 func newWriter() (*Writer, *testkit.Stream, *clock) {
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	out := testkit.NewStream()
+	out.Now = c.now
 	return New("default", out, slog.New(slog.DiscardHandler), c.now), out, c
 }
 

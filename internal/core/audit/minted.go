@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/store"
@@ -27,28 +29,113 @@ type Minted struct {
 // fields. A larger one is not written, and its mint does not commit.
 const MaxMintedRecord = 4 << 10
 
-// Minted writes the one `minted` record of a mint of creds, filed under instance iid (the
-// instance the keys are claimed by: what an end of it revokes), before the mint commits. A
-// write of unknown outcome is retried until ctx ends under the message id mintID, so a retry
-// that meets a write that did land adds no second record. An error means the mint must not
-// commit; a full stream is store.ErrFull.
+// RecordMargin is how long, at least, a `minted` record outlives every credential it stands
+// for, by its age in the stream: room for the plane's clock to run behind the stream's.
+const RecordMargin = time.Hour
+
+// RecheckAfter is how long the writer takes a record it wrote, or read standing, to stand
+// still without reading it again: a record lost meanwhile (a stream replaced under the plane,
+// an unsynced broker's power cut) is written again by the first mint of its keys past it.
+const RecheckAfter = 10 * time.Minute
+
+// maxStanding bounds the records the writer remembers; past it, it forgets them all.
+const maxStanding = 1 << 16
+
+// Minted puts the keys of a mint of creds on record under instance iid (the instance the keys
+// are claimed by: what an end of it revokes) before the mint commits. When the last record on
+// the set's subject names exactly these duties and keys and stays in the stream RecordMargin
+// past every credential's expiry, that record stands for this mint too, and nothing is
+// written: a renewal of the same keys makes no synced write of its own. The writer reads the
+// record to know, unless it wrote or read it within RecheckAfter. Otherwise it writes the
+// mint's one record. A write of unknown outcome is retried until ctx ends under the message id
+// mintID, so a retry that meets a write that did land adds no second record. An error means
+// the mint must not commit; a full stream is store.ErrFull.
 func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Credential, mintID string) error {
 	keys := make([]string, len(creds))
 	for i, c := range creds {
 		keys[i] = c.NKey
 	}
-	data, err := fault.Encode(Minted{V: 1, Request: req, Credentials: creds, At: w.now().UnixMilli()})
+	subject := subjects.MintedSubject(w.space, iid, keys)
+	now := w.now()
+	if w.standing.covers(subject, creds, now) || w.readStanding(ctx, subject, creds, now) {
+		return nil
+	}
+	data, err := fault.Encode(Minted{V: 1, Request: req, Credentials: creds, At: now.UnixMilli()})
 	if err == nil && len(data) > MaxMintedRecord {
 		err = fmt.Errorf("%d bytes, over the bound of %d", len(data), MaxMintedRecord)
 	}
 	if err == nil {
-		err = w.append(ctx, subjects.MintedSubject(w.space, iid, keys), data, mintID)
+		err = w.append(ctx, subject, data, mintID)
 	}
 	if err != nil {
 		w.log.Error("minted record not written; the mint will not commit", append(append(req.attrs(), credentialAttrs(creds)...), "err", err)...)
 		return fmt.Errorf("record minted: %w", err)
 	}
+	w.standing.remember(subject, stood{creds: slices.Clone(creds), stays: now.Add(store.MintedMaxAge - RecordMargin).Unix(), seen: now})
 	return nil
+}
+
+// readStanding reads the last record on subject, remembers it, and says whether it stands for
+// creds. A record that cannot be read or decoded stands for nothing: the mint writes its own.
+func (w *Writer) readStanding(ctx context.Context, subject string, creds []Credential, now time.Time) bool {
+	actx, cancel := store.Attempt(ctx)
+	r, found, err := w.out.LastOn(actx, subjects.MintedStream(w.space), subject)
+	cancel()
+	if err != nil || !found {
+		return false
+	}
+	var m Minted
+	if fault.DecodeRow(r.Data, &m, MaxMintedRecord) != nil {
+		return false
+	}
+	rec := stood{creds: m.Credentials, stays: r.Time.Add(store.MintedMaxAge - RecordMargin).Unix(), seen: now}
+	w.standing.remember(subject, rec)
+	return rec.covers(creds)
+}
+
+// standing is the records a writer wrote or read, by subject.
+type standing struct {
+	mu sync.Mutex
+	by map[string]stood
+}
+
+// stood is one record as the writer last saw it: the credentials it names, the latest expiry it
+// stands for (seconds), and when the writer saw it.
+type stood struct {
+	creds []Credential
+	stays int64
+	seen  time.Time
+}
+
+// covers says whether the record names exactly the duties and keys of creds, and stays past
+// each one's expiry.
+func (r stood) covers(creds []Credential) bool {
+	if len(r.creds) != len(creds) {
+		return false
+	}
+	for _, c := range creds {
+		if c.Exp > r.stays || !slices.ContainsFunc(r.creds, func(o Credential) bool { return o.Duty == c.Duty && o.NKey == c.NKey }) {
+			return false
+		}
+	}
+	return true
+}
+
+// covers says whether the record on subject, seen within RecheckAfter, covers creds.
+func (s *standing) covers(subject string, creds []Credential, now time.Time) bool {
+	s.mu.Lock()
+	r, ok := s.by[subject]
+	s.mu.Unlock()
+	return ok && now.Sub(r.seen) < RecheckAfter && r.covers(creds)
+}
+
+func (s *standing) remember(subject string, r stood) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.by == nil || len(s.by) >= maxStanding {
+		s.by = map[string]stood{}
+	}
+	s.by[subject] = r
 }
 
 // append writes one record, again after a write of unknown outcome, until ctx ends.

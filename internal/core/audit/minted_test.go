@@ -3,14 +3,18 @@ package audit
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nkeys"
 
 	"github.com/cotal-ai/authplane/internal/core/fault"
 	"github.com/cotal-ai/authplane/internal/core/store"
+	"github.com/cotal-ai/authplane/internal/testkit"
 	"github.com/cotal-ai/authplane/subjects"
 )
 
@@ -153,4 +157,108 @@ func TestAFullMintedStreamIsAnError(t *testing.T) {
 	if !errors.Is(err, store.ErrFull) || len(out.Msgs()) != 0 {
 		t.Fatalf("got %v with %d records, want store.ErrFull and none", err, len(out.Msgs()))
 	}
+}
+
+// TestARenewalOfTheSameKeysWritesNoRecordWhileOneStandsForIt: a mint of the duties and keys
+// the last record on its subject names, every expiry within the record's stay in the stream
+// less RecordMargin, writes nothing (the record stands for it); a mint past that stay, of
+// another duty, of a subset of the keys or over a record that does not decode writes its own.
+// Each is asked of a writer that remembers nothing, so each reads the record.
+func TestARenewalOfTheSameKeysWritesNoRecordWhileOneStandsForIt(t *testing.T) {
+	_, out, c := newWriter()
+	ctx := context.Background()
+	keys := userKeys(t, 2)
+	at := func(exp time.Time, duty string, keys ...string) []Credential {
+		out := creds(keys...)
+		for i := range out {
+			out[i].Exp, out[i].Duty = exp.Unix(), duty
+		}
+		return out
+	}
+	stays := c.t.Add(store.MintedMaxAge - RecordMargin)
+	for i, step := range []struct {
+		what  string
+		creds []Credential
+		write bool
+	}{
+		{"the first mint", at(c.t.Add(time.Hour), "supervisor", keys...), true},
+		{"a renewal of the same keys", at(c.t.Add(24*time.Hour), "supervisor", keys[1], keys[0]), false},
+		{"a renewal that ends just inside the record's stay", at(stays.Add(-time.Second), "supervisor", keys...), false},
+		{"a renewal that ends past the record's stay", at(stays.Add(time.Second), "supervisor", keys...), true},
+		{"the same keys for another duty", at(c.t.Add(time.Hour), "goalWriter", keys...), true},
+		{"one of the keys alone", at(c.t.Add(time.Hour), "goalWriter", keys[0]), true},
+	} {
+		before := len(out.Msgs())
+		fresh := New("default", out, slog.New(slog.DiscardHandler), c.now)
+		if err := fresh.Minted(ctx, iidA, Request{Endpoint: "manager-authority"}, step.creds, fmt.Sprint("mint-", i)); err != nil {
+			t.Fatal(err)
+		}
+		if wrote := len(out.Msgs()) > before; wrote != step.write {
+			t.Errorf("%s: wrote a record %v, want %v", step.what, wrote, step.write)
+		}
+	}
+
+	// A record that does not decode stands for nothing.
+	bad := subjects.MintedSubject("default", iidB, keys)
+	if err := out.Append(ctx, bad, []byte(`{"v":1,"credentials":"no"}`), ""); err != nil {
+		t.Fatal(err)
+	}
+	w := New("default", out, slog.New(slog.DiscardHandler), c.now)
+	if err := w.Minted(ctx, iidB, Request{Endpoint: "manager-authority"}, at(c.t.Add(time.Hour), "supervisor", keys...), "mint-bad"); err != nil {
+		t.Fatal(err)
+	}
+	if m := out.Msgs(); m[len(m)-1].Subject != bad || m[len(m)-1].ID != "mint-bad" {
+		t.Errorf("a mint over a record that does not decode wrote no record of its own (last %s %q)", m[len(m)-1].Subject, m[len(m)-1].ID)
+	}
+}
+
+// forgetful is a minted stream whose reads find nothing once lost: a stream replaced under
+// the writer. It counts its reads.
+type forgetful struct {
+	*testkit.Stream
+	lost  bool
+	reads int
+}
+
+func (f *forgetful) LastOn(ctx context.Context, stream, subject string) (store.Record, bool, error) {
+	f.reads++
+	if f.lost {
+		return store.Record{}, false, nil
+	}
+	return f.Stream.LastOn(ctx, stream, subject)
+}
+
+// TestAWriterReadsARecordItSawAgainOnlyPastRecheckAfter: a renewal within RecheckAfter of the
+// write neither reads nor writes; past it, one read finds the record standing and writes
+// nothing; a record lost meanwhile is written again by the first renewal past RecheckAfter.
+func TestAWriterReadsARecordItSawAgainOnlyPastRecheckAfter(t *testing.T) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	out := &forgetful{Stream: testkit.NewStream()}
+	out.Now = c.now
+	w := New("default", out, slog.New(slog.DiscardHandler), c.now)
+	keys := userKeys(t, 2)
+	renew := func(what string, wantReads, wantRecords int) {
+		t.Helper()
+		cr := creds(keys...)
+		for i := range cr {
+			cr[i].Exp = c.t.Add(time.Hour).Unix()
+		}
+		out.reads = 0
+		if err := w.Minted(context.Background(), iidA, Request{Endpoint: "manager-authority"}, cr, fmt.Sprint(what, c.t.Unix())); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(out.Msgs()); out.reads != wantReads || got != wantRecords {
+			t.Errorf("%s: %d reads and %d records; want %d and %d", what, out.reads, got, wantReads, wantRecords)
+		}
+	}
+	renew("the first mint", 1, 1)
+	c.t = c.t.Add(RecheckAfter - time.Second)
+	renew("a renewal within RecheckAfter", 0, 1)
+	c.t = c.t.Add(2 * time.Second)
+	renew("a renewal past RecheckAfter", 1, 1)
+	out.lost = true
+	c.t = c.t.Add(RecheckAfter - time.Second)
+	renew("a renewal after the loss, within RecheckAfter of the read", 0, 1)
+	c.t = c.t.Add(2 * time.Second)
+	renew("a renewal after the loss, past RecheckAfter", 1, 2)
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -42,6 +43,7 @@ type Stores struct {
 	Retries atomic.Int64
 
 	js      jetstream.JetStream
+	streams sync.Map // stream name → jetstream.Stream, for LastOn
 	opts    Options
 	log     *slog.Logger
 	witness witnesses
@@ -140,6 +142,8 @@ func (s *Stores) Last(ctx context.Context, stream, filter string) ([]Record, err
 type Record struct {
 	Subject string
 	Data    []byte
+	// Time is when the stream stored it, by the server's clock (set by LastOn).
+	Time time.Time
 }
 
 // lastReads is how many last-message reads Last has in flight at once.
@@ -185,6 +189,40 @@ func (a Appender) Last(ctx context.Context, stream, filter string) ([]Record, er
 		}
 	}
 	return records, nil
+}
+
+// LastOn reads the last record on one subject of stream, a leader read; found is false when
+// the subject has none. The stream's handle is looked up once.
+func (s *Stores) LastOn(ctx context.Context, stream, subject string) (r Record, found bool, err error) {
+	st, ok := s.streams.Load(stream)
+	if !ok {
+		h, err := s.js.Stream(ctx, stream)
+		if err != nil {
+			return Record{}, false, fmt.Errorf("stream %s: %w", stream, Classify(err))
+		}
+		st, _ = s.streams.LoadOrStore(stream, h)
+	}
+	return lastOn(ctx, st.(jetstream.Stream), subject)
+}
+
+// LastOn is Stores.LastOn, the stream looked up each time.
+func (a Appender) LastOn(ctx context.Context, stream, subject string) (Record, bool, error) {
+	st, err := a.JS.Stream(ctx, stream)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("stream %s: %w", stream, Classify(err))
+	}
+	return lastOn(ctx, st, subject)
+}
+
+func lastOn(ctx context.Context, st jetstream.Stream, subject string) (Record, bool, error) {
+	m, err := st.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return Record{}, false, nil
+	case err != nil:
+		return Record{}, false, fmt.Errorf("last record on %s: %w", subject, Classify(err))
+	}
+	return Record{Subject: m.Subject, Data: m.Data, Time: m.Time}, true, nil
 }
 
 // OpenBucket opens one existing bucket without ensuring anything: for tools that connect to a
