@@ -35,9 +35,9 @@ type Assign struct {
 	ExpiresAt    int64  `json:"expiresAt"`
 }
 
-// Assignment is an owner's platform supervisor assignment as the plane keeps it, and the reply
-// to supervisor-assign. Revision (the KV revision, not stored in the row) is what
-// supervisor-authority names.
+// Assignment is an owner's platform supervisor assignment, the reply to supervisor-assign: the
+// plane keeps it as it is (with a nonce of its own) but for Revision, the KV revision of the
+// row, which is what supervisor-authority names.
 type Assignment struct {
 	V                int      `json:"v"`
 	Kind             string   `json:"kind"`

@@ -16,24 +16,14 @@ import (
 	"github.com/cotal-ai/authplane/subjects"
 )
 
-// Assignment is `assignment.<owner>` in the platform bucket: the original's host record, plus
-// who assigned it and a writer-unique nonce. Its revision is the KV revision (never stored).
-// Instance, lifecycle and expiresAt never change. Its state goes assigned → ending (an end
-// began) → ended (the end's outcome is settled), and never back. This is the stored schema: the
-// reply to supervisor-assign (client.Assignment) is made from it, and may change on its own.
+// Assignment is `assignment.<owner>` in the platform bucket: the reply to supervisor-assign
+// (client.Assignment: the original's host record, plus who assigned it) with a writer-unique
+// nonce, and without the revision, which is the KV revision (never stored). Instance, lifecycle
+// and expiresAt never change. Its state goes assigned → ending (an end began) → ended (the
+// end's outcome is settled), and never back.
 type Assignment struct {
-	V                int      `json:"v"`
-	Kind             string   `json:"kind"`
-	Owner            string   `json:"owner"`
-	Space            string   `json:"space"`
-	AccountPublicKey string   `json:"accountPublicKey"`
-	InstanceID       string   `json:"instanceId"`
-	LifecycleUID     string   `json:"lifecycleUid"`
-	State            string   `json:"state"`
-	ExpiresAt        int64    `json:"expiresAt"`
-	Scope            []string `json:"scope"`
-	AssignedBy       string   `json:"assignedBy"`
-	Nonce            string   `json:"nonce"`
+	client.Assignment `json:",inline"`
+	Nonce             string `json:"nonce"`
 }
 
 // The states of an assignment, as stored.
@@ -67,6 +57,8 @@ func parseAssignment(data []byte) (Assignment, error) {
 		return Assignment{}, fmt.Errorf("state %q", a.State)
 	case a.Nonce == "":
 		return Assignment{}, errors.New("no nonce")
+	case a.Revision != 0:
+		return Assignment{}, errors.New("a stored revision")
 	}
 	return a, nil
 }
@@ -84,10 +76,9 @@ type observedAssignment = fence.Observed[Assignment]
 
 // record is the reply form of an observed assignment: the row and its revision.
 func record(o *observedAssignment) *client.Assignment {
-	a := o.Row
-	return &client.Assignment{V: a.V, Kind: a.Kind, Owner: a.Owner, Space: a.Space, AccountPublicKey: a.AccountPublicKey,
-		InstanceID: a.InstanceID, LifecycleUID: a.LifecycleUID, State: a.State, ExpiresAt: a.ExpiresAt,
-		Scope: slices.Clone(a.Scope), AssignedBy: a.AssignedBy, Revision: o.Revision}
+	a := o.Row.Assignment
+	a.Scope, a.Revision = slices.Clone(a.Scope), o.Revision
+	return &a
 }
 
 // auditOf names an observed assignment in a record.
@@ -179,9 +170,9 @@ func (s *Supervisor) Assign(ctx context.Context, caller manager.Caller, about au
 			return nil, about, endedRefusal(req.Owner, nil)
 		}
 	}
-	want := Assignment{V: 1, Kind: kindAssignment, Owner: req.Owner, Space: s.Space,
+	want := Assignment{Assignment: client.Assignment{V: 1, Kind: kindAssignment, Owner: req.Owner, Space: s.Space,
 		AccountPublicKey: s.Account, InstanceID: req.InstanceID, LifecycleUID: req.LifecycleUID, State: StateAssigned,
-		ExpiresAt: req.ExpiresAt, Scope: []string{manager.Supervise}, AssignedBy: caller.String()}
+		ExpiresAt: req.ExpiresAt, Scope: []string{manager.Supervise}, AssignedBy: caller.String()}}
 	o, err := s.assignmentOf(req.Owner).Update(ctx, func(cur *observedAssignment) (Assignment, error) {
 		a := cur.Row
 		switch {
