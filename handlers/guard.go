@@ -39,14 +39,6 @@ func (c Call) About() audit.Request {
 // for the refusal's record.
 type Func func(ctx context.Context, c Call) (reply any, about audit.Request, err error)
 
-// Unimplemented is the Func of an endpoint whose capability has not landed: it refuses every
-// call with `unimplemented`, never a fake success.
-func Unimplemented(endpoint string) Func {
-	return func(_ context.Context, c Call) (any, audit.Request, error) {
-		return nil, c.About(), fault.New(fault.Unimplemented, "%s is not implemented by this plane yet", endpoint)
-	}
-}
-
 // DefaultOwnerInFlight is how many requests of one endpoint one owner may have under way at
 // once in one process unless --owner-in-flight says otherwise: a quarter of the answers each
 // endpoint's pool holds at once on a 2-CPU replica (--workers), so an owner's flood of an
