@@ -30,7 +30,8 @@ type Minted struct {
 const MaxMintedRecord = 4 << 10
 
 // RecordMargin is how long, at least, a `minted` record outlives every credential it stands
-// for, by its age in the stream: room for the plane's clock to run behind the stream's.
+// for, by its age in the stream: room for the plane's clock, which dates a record it wrote, to
+// run ahead of the stream's.
 const RecordMargin = time.Hour
 
 // RecheckAfter is how long the writer takes a record it wrote, or read standing, to stand

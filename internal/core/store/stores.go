@@ -142,7 +142,7 @@ func (s *Stores) Last(ctx context.Context, stream, filter string) ([]Record, err
 type Record struct {
 	Subject string
 	Data    []byte
-	// Time is when the stream stored it, by the server's clock (set by LastOn).
+	// Time is when the stream stored it, by the server's clock.
 	Time time.Time
 }
 
@@ -168,13 +168,12 @@ func (a Appender) Last(ctx context.Context, stream, filter string) ([]Record, er
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			m, err := st.GetLastMsgForSubject(ctx, subject)
+			r, found, err := lastOn(ctx, st, subject)
 			switch {
-			case errors.Is(err, jetstream.ErrMsgNotFound):
 			case err != nil:
-				errs[i] = fmt.Errorf("last record on %s: %w", subject, Classify(err))
-			default:
-				out[i] = &Record{Subject: m.Subject, Data: m.Data}
+				errs[i] = err
+			case found:
+				out[i] = &r
 			}
 		})
 	}
