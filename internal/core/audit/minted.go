@@ -47,10 +47,11 @@ const maxStanding = 1 << 16
 // the set's subject names exactly these duties and keys and stays in the stream RecordMargin
 // past every credential's expiry, that record stands for this mint too, and nothing is
 // written: a renewal of the same keys makes no synced write of its own. The writer reads the
-// record to know, unless it wrote or read it within RecheckAfter. Otherwise it writes the
-// mint's one record. A write of unknown outcome is retried until ctx ends under the message id
-// mintID, so a retry that meets a write that did land adds no second record. An error means
-// the mint must not commit; a full stream is store.ErrFull.
+// record to know, unless it wrote or read it within RecheckAfter. Otherwise, and always for a
+// mint for no instance (iid ""), it writes the mint's one record. A write of unknown outcome is
+// retried until ctx ends under the message id mintID, so a retry that meets a write that did
+// land adds no second record. An error means the mint must not commit; a full stream is
+// store.ErrFull.
 func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Credential, mintID string) error {
 	keys := make([]string, len(creds))
 	for i, c := range creds {
@@ -58,7 +59,10 @@ func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Cr
 	}
 	subject := subjects.MintedSubject(w.space, iid, keys)
 	now := w.now()
-	if w.standing.covers(subject, creds, now) || w.readStanding(ctx, subject, creds, now) {
+	// A mint for no instance (a connection of the auth callout, a creds file) has a fresh key
+	// every time: no record stands for it, and none is worth remembering.
+	renewable := iid != ""
+	if renewable && (w.standing.covers(subject, creds, now) || w.readStanding(ctx, subject, creds, now)) {
 		return nil
 	}
 	data, err := fault.Encode(Minted{V: 1, Request: req, Credentials: creds, At: now.UnixMilli()})
@@ -72,7 +76,9 @@ func (w *Writer) Minted(ctx context.Context, iid string, req Request, creds []Cr
 		w.log.Error("minted record not written; the mint will not commit", append(append(req.attrs(), credentialAttrs(creds)...), "err", err)...)
 		return fmt.Errorf("record minted: %w", err)
 	}
-	w.standing.remember(subject, stood{creds: slices.Clone(creds), stays: now.Add(store.MintedMaxAge - RecordMargin).Unix(), seen: now})
+	if renewable {
+		w.standing.remember(subject, stood{creds: slices.Clone(creds), stays: now.Add(store.MintedMaxAge - RecordMargin).Unix(), seen: now})
+	}
 	return nil
 }
 

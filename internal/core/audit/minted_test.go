@@ -262,3 +262,23 @@ func TestAWriterReadsARecordItSawAgainOnlyPastRecheckAfter(t *testing.T) {
 	c.t = c.t.Add(2 * time.Second)
 	renew("a renewal after the loss, past RecheckAfter", 1, 2)
 }
+
+// TestAMintForNoInstanceAlwaysWritesAndReadsNothing: the auth callout's and a creds file's
+// mints (iid "") have a fresh key each time, so the writer neither reads nor remembers their
+// records: the same keys minted twice are written twice.
+func TestAMintForNoInstanceAlwaysWritesAndReadsNothing(t *testing.T) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	out := &forgetful{Stream: testkit.NewStream()}
+	out.Now = c.now
+	w := New("default", out, slog.New(slog.DiscardHandler), c.now)
+	cr := creds(userKeys(t, 1)...)
+	cr[0].Exp = c.t.Add(time.Hour).Unix()
+	for i := range 2 {
+		if err := w.Minted(context.Background(), "", Request{Endpoint: "auth-callout"}, cr, fmt.Sprint("callout-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(out.Msgs()); out.reads != 0 || got != 2 {
+		t.Errorf("two mints for no instance: %d reads and %d records; want 0 and 2", out.reads, got)
+	}
+}
