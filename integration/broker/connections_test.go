@@ -76,7 +76,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 			// The hog is held out: none of its attempts takes a place of the tenants' 36.
 			nc, err := harness.BearerConnect(t, b, token, harness.OwnerB, actor)
 			if err != nil {
-				t.Fatalf("bearer connection %d of %s.%s: %v", k+1, harness.OwnerB, actor, err)
+				t.Fatalf("bearer connection %d of %s.%s: %v; the plane's log lines naming it:\n%s", k+1, harness.OwnerB, actor, err, linesNaming(logs.String(), actor))
 			}
 			legit = append(legit, nc)
 		}
@@ -361,4 +361,16 @@ func TestABearerClientOnNatsDefaultsGivesUpAfterTwoRefusalsAndOneThatOptsOutGets
 	if !defaults.conn.IsClosed() {
 		t.Errorf("the agent on the defaults: status %v, want closed for good", defaults.conn.Status())
 	}
+}
+
+// linesNaming is the lines of log that name what: a refusal the plane logged, or none when
+// the callout did not answer within the broker's authorization timeout.
+func linesNaming(log, what string) string {
+	var out []string
+	for line := range strings.SplitSeq(log, "\n") {
+		if strings.Contains(line, what) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
