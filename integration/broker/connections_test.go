@@ -50,10 +50,17 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 	// past its cap of 4 and coming back at once, it is held out at the broker, its 4 closed
 	// too. (Without the budgets it had filled the account by now.)
 	h := startHog(t, p.NATSURL(), harness.WriteCallerCreds(t, p.Keys(), harness.OwnerA, "hog"), 40)
+	// Held out means the plane counts none of its connections any more either: the ledger
+	// hears of each close from the broker a moment after the hog sees it.
 	testkit.CheckFor(t, testkit.Stretched(15*time.Second), 20*time.Millisecond, func() error {
-		held := harness.Sample(harness.Scrape(t, p.HTTPURL()), "authplane_connections_refused_total", map[string]string{"budget": conns.BudgetBackoff, "by": "hold"})
-		if n := h.Held(0); held != 1 || n > 0 {
-			return fmt.Errorf("the hog opened %d connections and holds %d; %v keys held out, want its own", h.Opened.Load(), n, held)
+		m := harness.Scrape(t, p.HTTPURL())
+		held := harness.Sample(m, "authplane_connections_refused_total", map[string]string{"budget": conns.BudgetBackoff, "by": "hold"})
+		if m["authplane_data_connections"] == nil {
+			return errors.New("the plane exports no authplane_data_connections")
+		}
+		counted := harness.Sample(m, "authplane_data_connections", map[string]string{"who": "tenants"})
+		if n := h.Held(0); held != 1 || n > 0 || counted != 0 {
+			return fmt.Errorf("the hog opened %d connections and holds %d, the plane counts %v; %v keys held out, want its own", h.Opened.Load(), n, counted, held)
 		}
 		return nil
 	})
