@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +36,8 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 	r := harness.NewRegisteredManager(t, p)
 
 	before := harness.StoreSeqs(t, p)
+	auth := subjects.AuthBucket(harness.TestSpace)
+	rows := lastOfEach(t, p, "KV_"+auth)
 	refused := r.Renewal(t, "renew")
 
 	c.stop(t, 1)
@@ -54,11 +57,16 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 	c.start(t, 2)
 	c.waitFormed(t)
 	c.waitCurrent(t, 30*time.Second)
-	// No fence moved. The mint's `minted` records may land once a quorum is back (a stream
-	// leader that had not yet noticed it was alone took them, and could not commit them): they
-	// are its own records, which a refusal may leave (docs/PROTOCOL.md, "Conventions"), for credentials never sent.
+	// No fence moved. What the refused mint sent may land once a quorum is back (a stream
+	// leader that had not yet noticed it was alone took it, and could not commit it): its
+	// `minted` record, which a refusal may leave (docs/PROTOCOL.md, "Conventions"), for
+	// credentials never sent; and, when a standing record spared the renewal its write, its
+	// commit, which rewrites its gate with the very bytes the gate held.
 	minted := subjects.MintedStream(harness.TestSpace)
-	harness.WantUnwritten(t, p, "a renewal with no KV leader", before.Except(minted))
+	harness.WantUnwritten(t, p, "a renewal with no KV leader", before.Except(minted, auth))
+	if moved := rewritesSince(t, p, "KV_"+auth, before[auth], rows); moved != "" {
+		t.Errorf("a renewal with no KV leader: %s; a refusal changes no fence", moved)
+	}
 	for _, rec := range mintedSince(t, p, before[minted]) {
 		if rec.RequestID != refused["requestId"] {
 			t.Errorf("a minted record of request %s appeared, want none but the refused request's own", rec.RequestID)
@@ -71,6 +79,61 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// lastOfEach reads the last message of every subject of stream.
+func lastOfEach(t testing.TB, p *harness.TestPlane, stream string) map[string][]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := p.JS(t).Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for subject := range info.State.Subjects {
+		m, err := st.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			t.Fatalf("last message on %s: %v", subject, err)
+		}
+		out[subject] = m.Data
+	}
+	return out
+}
+
+// rewritesSince names the first message of stream after sequence seq that is not a rewrite
+// of a row with the bytes it held in rows (nor a budget or signers row, which
+// harness.WantUnwritten lets a refusal write), or "" when there is none.
+func rewritesSince(t testing.TB, p *harness.TestPlane, stream string, seq uint64, rows map[string][]byte) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := p.JS(t).Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for last := harness.LastSeq(t, p, strings.TrimPrefix(stream, "KV_")); seq < last; {
+		seq++
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s message %d: %v", stream, seq, err)
+		}
+		bucket := strings.TrimPrefix(stream, "KV_")
+		if strings.HasPrefix(m.Subject, "$KV."+bucket+".budget.") || strings.HasPrefix(m.Subject, "$KV."+bucket+".signers.") {
+			continue // what harness.WantUnwritten lets a refusal spend
+		}
+		if old, ok := rows[m.Subject]; !ok || !bytes.Equal(old, m.Data) {
+			return fmt.Sprintf("%s message %d on %s changed its row", stream, seq, m.Subject)
+		}
+	}
+	return ""
 }
 
 // mintedSince reads every `minted` record after sequence seq.
