@@ -108,8 +108,8 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 		nc, err := nats.Connect(p.NATSURL(), nats.UserCredentials(creds), nats.NoReconnect(),
 			nats.ClosedHandler(func(*nats.Conn) { closed <- time.Now() }))
 		if errors.Is(err, io.EOF) {
-			if life := time.Since(opened); life > excessLife {
-				t.Errorf("%s lived %s, want at most %s", tt.what, life, excessLife)
+			if life := time.Since(opened); life > testkit.Stretched(excessLife) {
+				t.Errorf("%s lived %s, want at most %s", tt.what, life, testkit.Stretched(excessLife))
 			}
 			continue
 		}
@@ -118,7 +118,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 		}
 		select {
 		case at := <-closed:
-			if life := at.Sub(opened); life > excessLife {
+			if life := at.Sub(opened); life > testkit.Stretched(excessLife) {
 				t.Errorf("%s lived %s, want at most %s", tt.what, life, excessLife)
 			}
 		case <-time.After(10 * time.Second):
@@ -144,8 +144,10 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 		t.Errorf("the hog held %d connections, want none: its key is held out", held)
 	}
 	h.End()
-	if longest := time.Duration(h.Longest.Load()); longest > excessLife {
-		t.Errorf("a connection of the hog past its cap lived %s, want at most %s", longest, excessLife)
+	// A kick is a round trip through the broker: on a loaded machine it takes longer, as in
+	// the churn test.
+	if longest := time.Duration(h.Longest.Load()); longest > testkit.Stretched(excessLife) {
+		t.Errorf("a connection of the hog past its cap lived %s, want at most %s", longest, testkit.Stretched(excessLife))
 	}
 	t.Logf("the hog opened %d connections; the longest a kicked one lived: %s", h.Opened.Load(), time.Duration(h.Longest.Load()))
 	testkit.CheckFor(t, ttl+10*time.Second, 100*time.Millisecond, func() error {
