@@ -64,7 +64,7 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 	// commit, which rewrites its gate with the very bytes the gate held.
 	minted := subjects.MintedStream(harness.TestSpace)
 	harness.WantUnwritten(t, p, "a renewal with no KV leader", before.Except(minted, auth))
-	if moved := rewritesSince(t, p, "KV_"+auth, before[auth], rows); moved != "" {
+	if moved := rewritesSince(t, p, auth, before[auth], rows); moved != "" {
 		t.Errorf("a renewal with no KV leader: %s; a refusal changes no fence", moved)
 	}
 	for _, rec := range mintedSince(t, p, before[minted]) {
@@ -81,15 +81,23 @@ func TestAMintWithoutAKVLeaderIsUnavailableAndMintsNothing(t *testing.T) {
 	})
 }
 
+// openStream opens stream for a check of at most 10 s.
+func openStream(t testing.TB, p *harness.TestPlane, stream string) (jetstream.Stream, context.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	st, err := p.JS(t).Stream(ctx, stream)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return st, ctx, cancel
+}
+
 // lastOfEach reads the last message of every subject of stream.
 func lastOfEach(t testing.TB, p *harness.TestPlane, stream string) map[string][]byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	st, ctx, cancel := openStream(t, p, stream)
 	defer cancel()
-	st, err := p.JS(t).Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(">"))
 	if err != nil {
 		t.Fatal(err)
@@ -105,18 +113,15 @@ func lastOfEach(t testing.TB, p *harness.TestPlane, stream string) map[string][]
 	return out
 }
 
-// rewritesSince names the first message of stream after sequence seq that is not a rewrite
+// rewritesSince names the first message of bucket's stream after sequence seq that is not a rewrite
 // of a row with the bytes it held in rows (nor a budget or signers row, which
 // harness.WantUnwritten lets a refusal write), or "" when there is none.
-func rewritesSince(t testing.TB, p *harness.TestPlane, stream string, seq uint64, rows map[string][]byte) string {
+func rewritesSince(t testing.TB, p *harness.TestPlane, bucket string, seq uint64, rows map[string][]byte) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	stream := "KV_" + bucket
+	st, ctx, cancel := openStream(t, p, stream)
 	defer cancel()
-	st, err := p.JS(t).Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for last := harness.LastSeq(t, p, strings.TrimPrefix(stream, "KV_")); seq < last; {
+	for last := harness.LastSeq(t, p, bucket); seq < last; {
 		seq++
 		m, err := st.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -125,7 +130,6 @@ func rewritesSince(t testing.TB, p *harness.TestPlane, stream string, seq uint64
 		if err != nil {
 			t.Fatalf("%s message %d: %v", stream, seq, err)
 		}
-		bucket := strings.TrimPrefix(stream, "KV_")
 		if strings.HasPrefix(m.Subject, "$KV."+bucket+".budget.") || strings.HasPrefix(m.Subject, "$KV."+bucket+".signers.") {
 			continue // what harness.WantUnwritten lets a refusal spend
 		}
@@ -139,12 +143,8 @@ func rewritesSince(t testing.TB, p *harness.TestPlane, stream string, seq uint64
 // mintedSince reads every `minted` record after sequence seq.
 func mintedSince(t testing.TB, p *harness.TestPlane, seq uint64) []harness.MintedRecord {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	st, ctx, cancel := openStream(t, p, subjects.MintedStream(harness.TestSpace))
 	defer cancel()
-	st, err := p.JS(t).Stream(ctx, subjects.MintedStream(harness.TestSpace))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []harness.MintedRecord
 	for last := harness.LastSeq(t, p, subjects.MintedStream(harness.TestSpace)); seq < last; {
 		seq++
