@@ -40,10 +40,16 @@ func TestRenewalsOfOneInstanceKeepItsMintedRecordsConstant(t *testing.T) {
 	}
 	round()
 	first, firstMsgs, firstSeq := mintedSubjects(t, p, m.Iid)
+	before := lastSequences(t, p)
 	for range 40 {
 		round()
 	}
 	last, lastMsgs, lastSeq := mintedSubjects(t, p, m.Iid)
+	// On the embedded broker a fence's commit is a read (its buckets are one copy on a lone
+	// server), so renewals of keys on record write nothing anywhere: no synced write at all.
+	if after := lastSequences(t, p); !mapsEqual(after, before) {
+		t.Errorf("the streams' last sequences moved over 40 rounds of renewals: %v, then %v; want no write", before, after)
+	}
 	keys := func(ds ...subjects.Duty) []string {
 		var out []string
 		for _, d := range ds {
@@ -82,6 +88,20 @@ func mintedSubjects(t testing.TB, p *harness.TestPlane, iid string) (map[string]
 		t.Fatal(err)
 	}
 	return info.State.Subjects, info.State.Msgs, info.State.LastSeq
+}
+
+// lastSequences is every stream's last sequence on p's broker, by stream.
+func lastSequences(t testing.TB, p *harness.TestPlane) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	streams := p.JS(t).ListStreams(harness.CallCtx(t))
+	for info := range streams.Info() {
+		out[info.Config.Name] = info.State.LastSeq
+	}
+	if err := streams.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func mapsEqual(a, b map[string]uint64) bool {

@@ -3,7 +3,8 @@
 // Its one retry loop is bounded by the caller's deadline and paced with jitter; it speaks its
 // own errors, and the edge chooses the wire code. A bucket may group its commits (Grouped:
 // concurrent commits of the same bytes share one CAS) and share its reads (Shared: concurrent
-// reads of one key share a get sent after each of them began); neither weakens a fence.
+// reads of one key share a get sent after each of them began); neither weakens a fence. On a
+// bucket whose reads cannot be stale (Sole: the embedded broker's), a commit is a read.
 package fence
 
 import (
@@ -116,10 +117,14 @@ func (f *Fence[T]) read(ctx context.Context) (*Observed[T], error) {
 // there first: ErrMoved. Fence writers give every write fresh bytes (a nonce), so a row never
 // returns to bytes it once had, and unchanged bytes prove no fence write landed in between.
 // It returns the fence as committed: the bytes observed, at the commit's revision. On a
-// Grouped bucket, concurrent commits of the same bytes share one CAS (see Grouped).
+// Grouped bucket, concurrent commits of the same bytes share one CAS (see Grouped). On a
+// bucket whose reads cannot be stale (Sole), the commit is a read instead (see confirm).
 func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 	if o.Absent() {
 		return nil, fmt.Errorf("commit %s: nothing was observed there: %w", o.Key(), ErrMoved)
+	}
+	if isSole(o.fence.kv) {
+		return o.confirm(ctx)
 	}
 	g, grouped := o.fence.kv.(*Grouped)
 	if !grouped {
@@ -138,6 +143,38 @@ func (o *Observed[T]) Commit(ctx context.Context) (*Observed[T], error) {
 		return nil, err
 	}
 	return &Observed[T]{Row: o.Row, Raw: o.Raw, Revision: n, fence: o.fence}, nil
+}
+
+// confirm is Commit on a Sole bucket: a leader read of the row, sent once the mint is on
+// record, that finds the bytes observed. It proves what the CAS would: the bytes are unchanged
+// from the observation to the read, so no fence write landed between them, and any fence
+// written later is ordered after it. A fence writer that then reads the instance's records
+// finds the mint's, written before the read was sent. The read can be trusted only where it
+// cannot be stale: one copy, which acknowledged every write made before it was sent. A
+// replicated bucket's leader may not yet know it was deposed, so there the commit stays a CAS,
+// which only a quorum lands. It writes nothing: a renewal whose keys are on record already
+// makes no synced write at all.
+func (o *Observed[T]) confirm(ctx context.Context) (*Observed[T], error) {
+	now, err := o.fence.Observe(ctx)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("commit %s: %w", o.Key(), err)
+	case now.Absent() || !bytes.Equal(now.Raw, o.Raw):
+		return nil, fmt.Errorf("commit %s: %w", o.Key(), ErrMoved)
+	}
+	return now, nil
+}
+
+// Sole is what a KV may also be to say that its reads cannot be stale: it is the one copy of
+// its bucket, on a server that is no cluster (store.KV). A commit there is a read (confirm).
+type Sole interface {
+	Sole() bool
+}
+
+// isSole reports whether kv says its reads cannot be stale.
+func isSole(kv KV) bool {
+	s, ok := kv.(Sole)
+	return ok && s.Sole()
 }
 
 // Write replaces the row observed with next, pinned to the revision observed (create-only

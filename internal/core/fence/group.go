@@ -44,6 +44,10 @@ func (g *Grouped) Retried() {
 	}
 }
 
+// Sole says whether the grouped bucket's reads cannot be stale: then its commits are reads
+// and never reach the groups.
+func (g *Grouped) Sole() bool { return isSole(g.KV) }
+
 // Group returns kv with its commits grouped.
 func Group(kv KV) *Grouped { return &Grouped{KV: kv, queues: map[string]*queue{}} }
 

@@ -30,6 +30,9 @@ type Shared struct {
 	reads map[string]*read
 }
 
+// Sole says whether the shared bucket's reads cannot be stale.
+func (s *Shared) Sole() bool { return isSole(s.KV) }
+
 // Share returns kv with its reads shared.
 func Share(kv KV) *Shared { return &Shared{KV: kv, reads: map[string]*read{}} }
 

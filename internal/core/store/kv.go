@@ -38,6 +38,8 @@ type KV struct {
 	kv     jetstream.KeyValue
 	stream jetstream.Stream
 	bucket string
+	// sole: the bucket is one copy on a server that is no cluster (it allows direct gets).
+	sole bool
 	// retries counts the writes fences retried on the bucket (fence.RetryCounter); nil counts
 	// nothing.
 	retries *atomic.Int64
@@ -61,6 +63,12 @@ type Entry struct {
 	Value    []byte
 	Revision uint64
 }
+
+// Sole reports whether the bucket is one copy, on a server that is no cluster: the only
+// buckets that allow direct gets (directReads). Every read is then that copy's, which
+// acknowledged every write made before the read was sent, so no read is stale
+// (fence.Sole).
+func (k *KV) Sole() bool { return k.sole }
 
 // Bucket returns the bucket name.
 func (k *KV) Bucket() string { return k.bucket }

@@ -193,3 +193,25 @@ func TestKVConformance(t *testing.T) {
 		})
 	}
 }
+
+// A bucket is sole, and its fences commit by reading (fence.Sole), exactly when it allows
+// direct gets: one replica on a lone server. A bucket made for a broker the plane does not
+// run commits by CAS.
+func TestABucketIsSoleExactlyWhenItAllowsDirectGets(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		nc, js := embeddedJetStream(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		spec := store.Specs("t", store.Options{DirectReads: direct})[0]
+		if err := store.Ensure(ctx, js, []store.Spec{spec}, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := store.OpenBucket(ctx, nc, spec.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv.Sole() != direct {
+			t.Errorf("made with direct reads %v: Sole() %v, want %v", direct, kv.Sole(), direct)
+		}
+	}
+}

@@ -244,5 +244,5 @@ func openKV(ctx context.Context, js jetstream.JetStream, bucket string) (*KV, er
 	if err != nil {
 		return nil, err
 	}
-	return &KV{kv: kv, stream: st, bucket: bucket}, nil
+	return &KV{kv: kv, stream: st, bucket: bucket, sole: st.CachedInfo().Config.AllowDirect}, nil
 }
