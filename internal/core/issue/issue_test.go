@@ -335,7 +335,10 @@ func TestADeadlineThatExpiresMidPipelineReturnsNothing(t *testing.T) {
 		<-c.Done() // the request's time runs out while the mint is staged
 		return nil
 	}
-	c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Two seconds, so the tenth kept back (200 ms) outlasts a loaded machine's scheduling
+	// delays: with 300 ms, 30 ms were kept back, and a goroutine descheduled longer than
+	// that under load found the deadline gone before the discard was written.
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	got, err := e.p.Issue(c, plan)
 	if got != nil || fault.CodeOf(err) != fault.Unavailable {
