@@ -180,18 +180,22 @@ func (h *endpoint) Handle(req micro.Request) {
 			defer p.give()
 			defer a.done()
 			defer leave()
-			h.serve(a, call)
+			h.serve(a, call, leave)
 		}()
 		return
 	}
 	defer a.done()
 	defer leave()
-	h.serve(a, call)
+	h.serve(a, call, leave)
 }
 
-// serve answers call, which the guard let in, on req.
-func (h *endpoint) serve(req micro.Request, call Call) {
+// serve answers call, which the guard let in, on req. The call leaves the guard before its
+// answer is sent: a caller that sends its next call on the answer must find the owner's slot
+// free, or an owner keeping --owner-in-flight calls under way would be refused. (leave runs
+// once however often it is called; Handle defers it too, for a panic.)
+func (h *endpoint) serve(req micro.Request, call Call, leave func()) {
 	reply, refusal := h.bus.Guard.Run(call, h.fn)
+	leave()
 	h.answer(req, reply, refusal)
 }
 
