@@ -119,7 +119,7 @@ func TestOneCredentialCannotTakeTheDataAccountsConnections(t *testing.T) {
 		select {
 		case at := <-closed:
 			if life := at.Sub(opened); life > testkit.Stretched(excessLife) {
-				t.Errorf("%s lived %s, want at most %s", tt.what, life, excessLife)
+				t.Errorf("%s lived %s, want at most %s", tt.what, life, testkit.Stretched(excessLife))
 			}
 		case <-time.After(10 * time.Second):
 			nc.Close()
